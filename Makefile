@@ -1,0 +1,31 @@
+# Every target creates or reuses .venv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+
+demo: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/demo.py
+
+bench: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/stream.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

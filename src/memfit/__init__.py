@@ -1,0 +1,30 @@
+"""memfit: train Keras models on data larger than RAM, near the device's memory limit,
+and see where the memory went.
+
+Public API (re-exports only):
+
+    memfit.pack(...)          write a source into checksummed TFRecord shards
+    memfit.dataset(...)       stream them as a tf.data.Dataset under a byte budget
+    memfit.inspect / verify   describe / check a packed dataset
+    memfit.measure()          RSS before/after/peak of a block (anonymous and file apart)
+    memfit.parse_size / format_size
+"""
+
+from typing import Any
+
+from memfit._version import __version__
+from memfit.data import Manifest, PackResult, inspect, pack, verify
+from memfit.memory import Measurement, Sample, format_size, measure, parse_size, sample
+
+__all__ = ["__version__", "Manifest", "Measurement", "PackResult", "Sample", "dataset",
+           "DatasetPlan", "format_size", "inspect", "measure", "pack", "parse_size", "sample",
+           "verify"]
+
+
+def __getattr__(name: str) -> Any:
+    # TensorFlow is imported on first use of the streaming API, not by `import memfit`.
+    if name in ("dataset", "DatasetPlan"):
+        from memfit.data import stream
+
+        return getattr(stream, name)
+    raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -1,0 +1,34 @@
+"""Writing files so that a reader never sees half of one: write a temporary name, then rename.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.json"
+    >>> write_text_atomic(p, "{}")
+    >>> p.read_text()
+    '{}'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["temporary_name", "write_text_atomic", "TMP_MARK"]
+
+TMP_MARK = ".tmp-"
+
+
+def temporary_name(path: str | os.PathLike) -> Path:
+    """A unique temporary sibling of ``path`` (same directory, so rename is atomic)."""
+    path = Path(path)
+    return path.with_name(f"{TMP_MARK}{os.getpid()}-{path.name}")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` to ``path`` via a temporary file, fsync and rename."""
+    tmp = temporary_name(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,54 @@
+"""The ``memfit`` command line: one small module per subcommand, each thin over the library.
+
+A subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``; adding one means adding it to ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from memfit._version import __version__
+from memfit.cli import inspect_cmd, pack_cmd, verify_cmd
+from memfit.errors import MemfitError
+
+SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memfit",
+        description="Train Keras/TensorFlow models on data larger than RAM, near the device's "
+                    "memory limit, and see where the memory went.")
+    parser.add_argument("--version", action="version", version=f"memfit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.__doc__)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``memfit`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return int(args.run(args) or 0)
+    except (MemfitError, ValueError) as e:
+        print(f"memfit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"memfit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

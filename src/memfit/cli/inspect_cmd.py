@@ -1,0 +1,24 @@
+"""Print a packed dataset's schema, splits, counts and sizes from its manifest.
+
+example:
+  memfit inspect data/train
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from memfit.data.verify import inspect
+
+NAME = "inspect"
+HELP = "print a packed dataset's schema, counts and sizes"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("path", help="dataset directory (written by memfit pack)")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(inspect(args.path))
+    return 0

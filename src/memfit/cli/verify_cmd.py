@@ -1,0 +1,32 @@
+"""Check every shard's sha256 and every record's CRC32C; exit 1 if anything is damaged.
+
+example:
+  memfit verify data/train
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tqdm import tqdm
+
+from memfit.data.manifest import Manifest
+from memfit.data.verify import verify
+
+NAME = "verify"
+HELP = "check every shard's sha256 and record CRC; exit 1 on damage"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("path", help="dataset directory (written by memfit pack)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    total = Manifest.load(args.path).bytes
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify",
+              disable=args.quiet, leave=False) as bar:
+        report = verify(args.path, progress=bar.update)
+    print(report)
+    return 0 if report.ok else 1

@@ -1,0 +1,22 @@
+"""Data: pack sources into checksummed TFRecord shards, stream them under a byte budget.
+
+``memfit.data.stream`` imports TensorFlow; it is loaded on first use so that packing and
+the command line start fast.
+"""
+
+from typing import Any
+
+from memfit.data.manifest import Feature, Manifest
+from memfit.data.pack import PackResult, pack
+from memfit.data.verify import inspect, verify
+
+__all__ = ["Feature", "Manifest", "PackResult", "dataset", "DatasetPlan", "inspect", "pack",
+           "verify"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("dataset", "DatasetPlan"):
+        from memfit.data import stream
+
+        return getattr(stream, name)
+    raise AttributeError(f"module 'memfit.data' has no attribute {name!r}")

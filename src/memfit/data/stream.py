@@ -1,0 +1,313 @@
+"""``memfit.dataset``: stream a packed dataset as a ``tf.data.Dataset`` under a byte budget.
+
+The pipeline, for epoch ``e``::
+
+    shard files, permuted by (seed, e)
+      → interleave: read `cycle_length` shards at once (CRC32C checked per record)
+      → batch `window_records` records (the shuffle window)
+      → parse the window in one `tf.io.parse_example` + `tf.io.decode_raw` per feature
+      → permute the window's samples by (seed, e, window)
+      → rebatch to `batch_size` → prefetch
+
+``memory_budget`` decides the window, the read parallelism and the prefetch depth from the
+record sizes in the manifest (print ``ds.memfit_plan`` to see them). Nothing in the
+pipeline grows with the number of samples, so peak memory does not grow with the data.
+
+The order is a pure function of ``(seed, epoch)``: every random choice uses stateless
+ops seeded from them, so ``dataset(..., epoch=k)`` yields exactly the batches of epoch
+``k`` of an uninterrupted run. Each new pass over the returned dataset (Keras starts one
+per epoch) moves to the next epoch; with ``epochs=N`` one pass runs all epochs from
+``epoch`` to ``N - 1`` (use ``steps_per_epoch=ds.memfit_plan.steps_per_epoch``).
+
+Example:
+    >>> ds = memfit.dataset("data/train", batch_size=256, features=("x", "y"),
+    ...                     memory_budget="256MiB")                    # doctest: +SKIP
+    >>> print(ds.memfit_plan)                                          # doctest: +SKIP
+    >>> model.fit(ds, epochs=10)                                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+import tensorflow as tf
+
+from memfit.data.manifest import Manifest
+from memfit.data.records import LENGTHS_SUFFIX
+from memfit.errors import DatasetError
+from memfit.memory.sizes import format_size, parse_size
+
+__all__ = ["dataset", "DatasetPlan", "plan_dataset"]
+
+log = logging.getLogger("memfit")
+
+# Bytes of a window alive at once while it is parsed and permuted: the record strings,
+# the parsed strings, the joined/decoded values and the permuted copy.
+_WINDOW_COPIES = 4
+_READ_BUFFER = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetPlan:
+    """What ``memfit.dataset`` chose from the budget, and what it will yield.
+
+    Attributes:
+        path: the dataset directory; split: the split read.
+        batch_size: samples per batch; steps_per_epoch: batches per epoch.
+        samples: samples per epoch (of this shard, when sharded).
+        memory_budget: the byte budget asked for; estimated_bytes: what the plan needs.
+        window_records / window_samples: the shuffle window, in records and samples.
+        cycle_length: shards read at once; parallel_windows: windows decoded at once.
+        prefetch_batches: batches prepared ahead of the model.
+        seed, epoch, epochs: the order's seed, the first epoch, the epoch count (or None).
+    """
+
+    path: str
+    split: str
+    batch_size: int
+    samples: int
+    steps_per_epoch: int
+    memory_budget: int
+    estimated_bytes: int
+    window_records: int
+    window_samples: int
+    cycle_length: int
+    parallel_windows: int
+    prefetch_batches: int
+    seed: int
+    epoch: int
+    epochs: int | None
+    shuffle: bool
+
+    def __str__(self) -> str:
+        order = (f"shuffle window {self.window_records} records ({self.window_samples:,} "
+                 f"samples)" if self.shuffle else "stored order")
+        return (f"memfit.dataset {self.path} [{self.split}]: budget "
+                f"{format_size(self.memory_budget)} → {order}, {self.cycle_length} shards read "
+                f"at once, {self.parallel_windows} windows decoded in parallel, prefetch "
+                f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
+                f"in flight. {self.samples:,} samples → {self.steps_per_epoch} steps/epoch of "
+                f"{self.batch_size}; seed={self.seed}, starting at epoch {self.epoch}.")
+
+
+def plan_dataset(manifest: Manifest, split: str, batch_size: int, budget: int, *,
+                 shuffle: bool, samples: int, drop_remainder: bool, seed: int, epoch: int,
+                 epochs: int | None, files: int) -> DatasetPlan:
+    """Derives window, parallelism and prefetch depth from a byte budget."""
+    cores = os.cpu_count() or 1
+    k = manifest.samples_per_record
+    sample_bytes = manifest.sample_bytes(split)
+    record_bytes = sample_bytes * k
+    batch_bytes = sample_bytes * batch_size
+    cycle = max(1, min(files, 4, 2 * cores))
+    parallel = max(1, min(2, cores))
+    readers = cycle * (_READ_BUFFER + 2 * record_bytes)
+    prefetch = 1
+    need_min = readers + _WINDOW_COPIES * record_bytes * (parallel + 1) + 2 * batch_bytes
+    if budget < need_min:
+        raise DatasetError(
+            f"memory_budget={format_size(budget)} is too small to stream batches of "
+            f"{batch_size} samples of {format_size(sample_bytes)} (records of {k} samples): it "
+            f"needs at least {format_size(need_min)}. Raise memory_budget or lower batch_size. "
+            f"Received: memory_budget={budget}")
+    spare = budget - readers - 2 * batch_bytes
+    prefetch = int(max(1, min(8, (0.2 * spare) // max(batch_bytes, 1))))
+    spare -= (prefetch - 1) * batch_bytes
+    window_records = int(spare // (_WINDOW_COPIES * record_bytes * (parallel + 1)))
+    window_records = max(1, min(window_records, manifest.split(split).records))
+    if not shuffle:
+        window_records = max(1, min(window_records, math.ceil(batch_size / k)))
+    estimated = (readers + _WINDOW_COPIES * record_bytes * window_records * (parallel + 1)
+                 + (prefetch + 1) * batch_bytes)
+    steps = samples // batch_size if drop_remainder else math.ceil(samples / batch_size)
+    return DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
+                       samples=samples, steps_per_epoch=steps, memory_budget=budget,
+                       estimated_bytes=int(estimated), window_records=window_records,
+                       window_samples=window_records * k, cycle_length=cycle,
+                       parallel_windows=parallel, prefetch_batches=prefetch, seed=seed,
+                       epoch=epoch, epochs=epochs, shuffle=shuffle)
+
+
+def _seed(seed: int, *data: tf.Tensor | int) -> tf.Tensor:
+    """A stateless seed pair derived from ``seed`` and the given integers."""
+    s = tf.constant([seed & 0x7FFFFFFF, 0x6D656D66], tf.int64)   # "memf"
+    for d in data:
+        s = tf.random.experimental.stateless_fold_in(s, tf.cast(d, tf.int64))
+    return s
+
+
+def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = None,
+            features: Sequence[str] | None = None, memory_budget: str | int = "256MiB",
+            seed: int | None = None, epoch: int = 0, epochs: int | None = None,
+            shuffle: bool = True, drop_remainder: bool = False, on_corrupt: str = "raise",
+            shard: tuple[int, int] | None = None,
+            input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """Streams a packed dataset as a ``tf.data.Dataset`` for ``model.fit``.
+
+    Example:
+        >>> ds = memfit.dataset("data/train", 128, features=("x", "y"))  # doctest: +SKIP
+        >>> val = memfit.dataset("data/train", 128, split="val", features=("x", "y"),
+        ...                      shuffle=False)                          # doctest: +SKIP
+        >>> model.fit(ds, validation_data=val, epochs=5)                 # doctest: +SKIP
+
+    Args:
+        path: the directory ``memfit.pack`` wrote.
+        batch_size: samples per batch (per replica, with ``input_context``).
+        split: the split to read; may be omitted when there is only one.
+        features: ``None`` yields dicts of all features; a sequence of names yields tuples
+            in that order, e.g. ``("x", "y")`` for Keras.
+        memory_budget: bytes the pipeline may hold (``"256MiB"``, ``2**28``...): it sets
+            the shuffle window, read parallelism and prefetch depth.
+        seed: the order's seed; defaults to the seed the dataset was packed with.
+        epoch: the epoch the first pass yields (to resume a run at epoch ``epoch``).
+        epochs: ``None``: each pass is one epoch, the next pass the next epoch. An int:
+            one pass yields epochs ``epoch .. epochs - 1`` back to back (pair it with
+            ``steps_per_epoch=ds.memfit_plan.steps_per_epoch``).
+        shuffle: ``False`` reads samples in stored order (for evaluation).
+        drop_remainder: drop the last, smaller batch of each epoch.
+        on_corrupt: ``"raise"``: a damaged or truncated shard stops with an error naming
+            it; ``"skip"``: the unreadable rest of that shard is skipped with a warning
+            that counts the records lost.
+        shard: ``(index, count)``: read only every ``count``-th shard file from ``index``
+            (one worker of several).
+        input_context: from ``strategy.distribute_datasets_from_function``; sets ``shard``
+            from the input pipeline id.
+
+    Returns:
+        A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the :class:`DatasetPlan`.
+    """
+    manifest = Manifest.load(path)
+    sp = manifest.split(split)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer. "
+                         f"Received: batch_size={batch_size!r}")
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. Received: on_corrupt={on_corrupt!r}")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer. Received: epoch={epoch!r}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs <= epoch):
+        raise ValueError(f"epochs must be an integer greater than epoch={epoch}, or None. "
+                         f"Received: epochs={epochs!r}")
+    if features is not None:
+        if isinstance(features, str):
+            features = (features,)
+        unknown = [f for f in features if f not in manifest.features]
+        if unknown:
+            raise ValueError(f"No feature {unknown[0]!r} in {path}; it has "
+                             f"{sorted(manifest.features)}. Received: features={tuple(features)}")
+    seed = manifest.seed if seed is None else seed
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer. Received: seed={seed!r}")
+    if input_context is not None:
+        shard = (input_context.input_pipeline_id, input_context.num_input_pipelines)
+    shards = list(sp.shards)
+    if shard is not None:
+        index, count = shard
+        if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+            raise ValueError(f"shard must be (index, count) with 0 <= index < count. "
+                             f"Received: shard={shard!r}")
+        if count > len(shards):
+            raise ValueError(f"Cannot shard {len(shards)} shard files {count} ways; repack with "
+                             f"shards={count} or more. Received: shard={shard!r}")
+        shards = shards[index::count]
+    samples = sum(s.samples for s in shards)
+    budget = parse_size(memory_budget, name="memory_budget")
+    plan = plan_dataset(manifest, sp.name, batch_size, budget, shuffle=shuffle, samples=samples,
+                        drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs,
+                        files=len(shards))
+    log.info("%s", plan)
+
+    base = manifest.path
+    files = tf.constant([str(base / s.file) for s in shards])
+    expected = tf.constant([s.records for s in shards], tf.int64)
+    compression = manifest.compression or ""
+    spec = manifest.tf_feature_spec()
+    feats = manifest.features
+
+    def read_shard(file: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
+        raw = tf.data.TFRecordDataset(file, compression_type=compression,
+                                      buffer_size=_READ_BUFFER).ignore_errors()
+        end = tf.data.Dataset.from_tensors((tf.constant(b""), True))
+        marked = raw.map(lambda r: (r, False)).concatenate(end)
+
+        def count(n: tf.Tensor, item: tuple) -> tuple:
+            record, is_end = item
+            ok = tf.logical_or(tf.logical_not(is_end), tf.equal(n, records))
+            if on_corrupt == "raise":
+                check = tf.debugging.Assert(ok, [
+                    "memfit: shard", file, "is corrupt or truncated: record", n, "of", records,
+                    "cannot be read (bad CRC32C or cut short). Run `memfit verify` on the "
+                    "dataset; pass on_corrupt='skip' to read past damaged shards."])
+            else:
+                check = tf.cond(ok, tf.no_op, lambda: tf.print(
+                    "memfit: WARNING: skipped", records - n, "unreadable records of shard",
+                    file, "from record", n, "on (damaged or truncated).", output_stream=sys.stderr))
+            with tf.control_dependencies([check]):
+                return n + 1, (record, is_end)
+
+        return (marked.scan(tf.constant(0, tf.int64), count)
+                .filter(lambda r, is_end: tf.logical_not(is_end)).map(lambda r, is_end: r))
+
+    def decode(seed_e: tf.Tensor, index: tf.Tensor, records: tf.Tensor) -> dict:
+        parsed = tf.io.parse_example(records, spec)
+        out = {}
+        for name, f in feats.items():
+            flat = tf.io.decode_raw(tf.strings.reduce_join(parsed[name]), tf.as_dtype(f.dtype))
+            values = tf.reshape(flat, [-1, *f.inner_shape])
+            if f.variable:
+                lengths = parsed[name + LENGTHS_SUFFIX].values
+                values = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+            out[name] = values
+        if shuffle:
+            n = tf.shape(out[next(iter(feats))], out_type=tf.int64)[0]
+            perm = tf.random.experimental.stateless_shuffle(
+                tf.range(n), seed=tf.random.experimental.stateless_fold_in(seed_e, index))
+            out = {k: tf.gather(v, perm) for k, v in out.items()}
+        return out
+
+    def one_epoch(e: tf.Tensor) -> tf.data.Dataset:
+        seed_e = _seed(seed, e)
+        order = tf.range(len(shards), dtype=tf.int64)
+        if shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
+        listing = tf.data.Dataset.from_tensor_slices((tf.gather(files, order),
+                                                      tf.gather(expected, order)))
+        if shuffle:
+            records = listing.interleave(read_shard, cycle_length=plan.cycle_length,
+                                         block_length=1, num_parallel_calls=plan.cycle_length,
+                                         deterministic=True)
+        else:
+            records = listing.flat_map(read_shard)
+        windows = records.batch(plan.window_records).enumerate()
+        decoded = windows.map(lambda i, r: decode(_seed(seed, e, 1), i, r),
+                              num_parallel_calls=plan.parallel_windows, deterministic=True)
+        return decoded.rebatch(batch_size, drop_remainder=drop_remainder)
+
+    if epochs is None:
+        # Each new iterator (Keras makes one per epoch) reads the counter and advances it.
+        counter = tf.Variable(epoch, dtype=tf.int64, trainable=False, name="memfit_epoch")
+        epoch_ds = tf.data.Dataset.from_tensors(0).map(lambda _: counter.assign_add(1) - 1)
+    else:
+        epoch_ds = tf.data.Dataset.range(epoch, epochs)
+    ds = epoch_ds.flat_map(one_epoch)
+    passes = 1 if epochs is None else epochs - epoch
+    # A known length lets Keras show progress and size its epochs without a warning.
+    ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps_per_epoch * passes))
+    if features is not None:
+        names = tuple(features)
+        ds = ds.map(lambda d: tuple(d[n] for n in names) if len(names) > 1 else d[names[0]])
+    ds = ds.prefetch(plan.prefetch_batches)
+    if shard is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = \
+            tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options)
+    ds.memfit_plan = plan
+    if epochs is None:
+        ds.memfit_epoch_counter = counter
+    return ds
+

@@ -1,0 +1,92 @@
+"""Byte sizes: one parser and one printer for every budget memfit takes or prints.
+
+Budgets are plain integers of bytes inside memfit. Users may write them the way they
+think of them: ``"512MiB"``, ``"2GB"``, ``"1.5G"``, ``"4096"``; output always uses IEC
+units (KiB, MiB, GiB) so that a number printed can be pasted back as an argument.
+
+Example:
+    >>> parse_size("1.5G")
+    1610612736
+    >>> format_size(3 * 2**20)
+    '3.0 MiB'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["parse_size", "format_size"]
+
+_IEC = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
+_SI = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: str | int | float, *, name: str = "size") -> int:
+    """Parses a byte size into an integer number of bytes.
+
+    ``KiB/MiB/GiB`` and the short forms ``K/M/G`` are powers of 1024; ``KB/MB/GB`` are
+    powers of 1000 (as disk makers and the SI use them); a bare number is bytes.
+
+    Example:
+        >>> parse_size("512MiB"), parse_size("2GB"), parse_size(4096)
+        (536870912, 2000000000, 4096)
+
+    Args:
+        value: a string such as ``"512MiB"``, ``"2GB"``, ``"1.5G"``, ``"300"``, or a
+            non-negative number of bytes.
+        name: what the size is for, used in the error message (e.g. ``"memory_budget"``).
+
+    Returns:
+        The size in bytes (rounded down to a whole byte).
+
+    Raises:
+        ValueError: if the value is not a size, quoting the received value.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a size such as '512MiB', '2GB' or a number of bytes. "
+                         f"Received: {name}={value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a non-negative number of bytes. "
+                             f"Received: {name}={value!r}")
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a size string such as '512MiB' or a number of bytes. "
+                         f"Received: {name}={value!r} of type {type(value).__name__}")
+    match = _PATTERN.match(value)
+    if not match:
+        raise ValueError(f"{name} is not a size: use a number with an optional unit, such as "
+                         f"'512MiB', '2GB', '1.5G' or '4096'. Received: {name}={value!r}")
+    number, prefix, binary, byte = match.groups()
+    prefix = prefix.lower()
+    if binary and not prefix:
+        raise ValueError(f"{name} has a unit without a prefix. Received: {name}={value!r}")
+    if prefix and byte and not binary and prefix in _SI:
+        factor = _SI[prefix]            # "2GB": decimal, as written on disks
+    else:
+        factor = _IEC[prefix]           # "2GiB", "2G", "2": binary
+    return int(float(number) * factor)
+
+
+def format_size(num_bytes: int | float | None, *, signed: bool = False) -> str:
+    """Formats a number of bytes with IEC units, e.g. ``'1.5 GiB'``.
+
+    Example:
+        >>> format_size(1536), format_size(-2**20, signed=True)
+        ('1.5 KiB', '-1.0 MiB')
+
+    Args:
+        num_bytes: the size; ``None`` prints as ``'n/a'`` (a source that was absent).
+        signed: print a ``+`` in front of positive values (for growth and deltas).
+    """
+    if num_bytes is None:
+        return "n/a"
+    sign = "-" if num_bytes < 0 else ("+" if signed and num_bytes > 0 else "")
+    value = abs(float(num_bytes))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
