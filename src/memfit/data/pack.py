@@ -398,6 +398,11 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
                              for f in src.features.values() if f.variable)
     sample_bytes = fixed + variable_bytes
     k = options["k"] or _default_samples_per_record(sample_bytes)
+    if options["k"] is None and options["shards"] is not None:
+        # Honour an explicit shard count: small data gets smaller records, not fewer shards.
+        smallest = min(counts.values())
+        while k > 1 and math.ceil(smallest / k) < options["shards"]:
+            k //= 2
 
     jobs = []          # (split, index, count, indices)
     start = 0

@@ -49,6 +49,8 @@ log = logging.getLogger("memfit")
 # the parsed strings, the joined/decoded values and the permuted copy.
 _WINDOW_COPIES = 4
 _READ_BUFFER = 1 << 20
+# decode_raw has no unsigned 32/64-bit output: decode the signed type and reinterpret.
+_DECODE_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +258,11 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
         parsed = tf.io.parse_example(records, spec)
         out = {}
         for name, f in feats.items():
-            flat = tf.io.decode_raw(tf.strings.reduce_join(parsed[name]), tf.as_dtype(f.dtype))
+            dtype = tf.as_dtype(f.dtype)
+            raw_type = _DECODE_AS.get(dtype, dtype)
+            flat = tf.io.decode_raw(tf.strings.reduce_join(parsed[name]), raw_type)
+            if raw_type != dtype:
+                flat = tf.bitcast(flat, dtype)
             values = tf.reshape(flat, [-1, *f.inner_shape])
             if f.variable:
                 lengths = parsed[name + LENGTHS_SUFFIX].values

@@ -1,0 +1,74 @@
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from memfit.memory import measure, sample
+
+linux = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+
+
+@linux
+def test_sample_splits_anon_and_file():
+    s = sample()
+    assert s.pid == os.getpid()
+    assert s.rss_anon is not None and s.rss_file is not None
+    assert s.rss_anon + s.rss_file <= s.rss + s.rss_file  # parts never exceed what they split
+    assert abs(s.rss - (s.rss_anon + s.rss_file + (s.rss_shmem or 0))) < 2**20
+
+
+@linux
+def test_measure_sees_anonymous_peak_of_a_freed_block():
+    with measure(interval=0.005) as m:
+        block = np.ones(64 * 2**20 // 8)        # 64 MiB, touched
+        time.sleep(0.05)
+        del block
+    assert m.peak.rss_anon - m.before.rss_anon > 60 * 2**20
+    assert m.after.rss_anon < m.peak.rss_anon
+    assert "peak" in str(m)
+
+
+@linux
+def test_mapped_file_pages_count_as_file_not_anon(tmp_path):
+    path = tmp_path / "big.npy"
+    np.save(path, np.ones(32 * 2**20 // 8))
+    with measure() as m:
+        arr = np.load(path, mmap_mode="r")
+        total = float(arr.sum())                 # touches every page of the mapping
+    assert total == 32 * 2**20 // 8
+    assert m.peak.rss_file - m.before.rss_file > 24 * 2**20
+    assert m.peak.rss_anon - m.before.rss_anon < 8 * 2**20
+
+
+@linux
+def test_tree_sums_children():
+    base = sample(tree=True)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time; b = bytearray(48 * 2**20); time.sleep(30)"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            tree = sample(tree=True)
+            if tree.rss_anon - base.rss_anon > 40 * 2**20:
+                break
+            time.sleep(0.05)
+        assert tree.processes == base.processes + 1
+        assert tree.rss_anon - base.rss_anon > 40 * 2**20
+        assert sample().rss_anon - base.rss_anon < 40 * 2**20   # not counted without tree
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_unknown_pid_is_a_clear_error():
+    with pytest.raises(ProcessLookupError, match="pid=999999999"):
+        sample(999999999)
+
+
+def test_measure_rejects_bad_interval():
+    with pytest.raises(ValueError, match="interval=0"):
+        with measure(interval=0):
+            pass

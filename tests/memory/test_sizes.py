@@ -1,0 +1,36 @@
+import math
+
+import pytest
+
+from memfit.memory.sizes import format_size, parse_size
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1.5G", int(1.5 * 2**30)),
+    ("4096", 4096), ("10k", 10 * 1024), ("3 KiB", 3 * 1024), ("1mb", 10**6),
+    ("0.5TiB", 2**39), (".5M", 2**19), ("7B", 7), (123, 123), (1.9, 1),
+])
+def test_parse_size_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "MiB", "12XB", "-5", "1.2.3G", "iB", "five", None, True,
+                                 -1, math.inf, [1]])
+def test_parse_size_rejects_and_quotes_the_value(bad):
+    with pytest.raises(ValueError) as e:
+        parse_size(bad, name="memory_budget")
+    assert "memory_budget" in str(e.value)
+    assert repr(bad) in str(e.value) or str(bad) in str(e.value)
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
+                                    (3 * 2**20, "3.0 MiB"), (2**30 * 2.5, "2.5 GiB"),
+                                    (None, "n/a"), (-2**20, "-1.0 MiB")])
+def test_format_size(n, text):
+    assert format_size(n) == text
+
+
+def test_format_then_parse_round_trips():
+    for n in (2**20, 5 * 2**30, 1536):
+        assert parse_size(format_size(n).replace(" ", "")) == n
+    assert format_size(2**20, signed=True) == "+1.0 MiB"
