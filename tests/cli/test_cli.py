@@ -1,0 +1,78 @@
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from memfit.cli import SUBCOMMANDS, build_parser, main
+
+
+def test_help_lists_every_subcommand_and_version_prints(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for module in SUBCOMMANDS:
+        assert module.NAME in out
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("memfit 0.")
+
+
+def test_console_script_is_installed():
+    bin_dir = __import__("pathlib").Path(sys.executable).parent
+    out = subprocess.run([str(bin_dir / "memfit"), "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "pack" in out and "verify" in out
+
+
+def test_every_subcommand_has_help_with_an_example():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        assert "memfit " + name in text and "example" in text, name
+
+
+def test_pack_inspect_verify_round_trip(tmp_path, capsys):
+    np.save(tmp_path / "images.npy", np.zeros((100, 8, 8), np.uint8))
+    np.save(tmp_path / "labels.npy", np.arange(100))
+    out = tmp_path / "data"
+    rc = main(["pack", f"x={tmp_path / 'images.npy'}", f"y={tmp_path / 'labels.npy'}",
+               "-o", str(out), "--split", "train=0.9,val=0.1", "--shards", "2", "--quiet"])
+    assert rc == 0
+    assert "packed 100 samples (train=90, val=10) into 4 shards" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "uint8" in text and "(8, 8)" in text and "train" in text and "val" in text
+    assert main(["verify", str(out), "--quiet"]) == 0
+    assert "OK" in capsys.readouterr().out
+    shard = sorted(out.glob("train-*"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert main(["verify", str(out), "--quiet"]) == 1
+    assert shard.name in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["pack", "-o", "X"], "Give NAME=FILE.npy inputs"),
+    (["pack", "x", "-o", "X"], "Unknown source file type 'x'"),
+    (["pack", "x=a.npy", "x=b.npy", "-o", "X"], "given twice"),
+    (["pack", "=a.npy", "y=b.npy", "-o", "X"], "NAME=FILE.npy"),
+    (["pack", "x=missing.npy", "-o", "X"], "no such file 'missing.npy'"),
+    (["inspect", "nowhere"], "No memfit dataset at 'nowhere'"),
+])
+def test_cli_errors_are_one_clear_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"memfit {argv[0]}: error:") and message in err
+    assert not (tmp_path / "X").exists()
+
+
+def test_pack_csv_from_the_command_line(tmp_path, capsys):
+    csv = tmp_path / "t.csv"
+    csv.write_text("f1,f2,label\n" + "".join(f"{i},{2 * i},{i % 2}\n" for i in range(40)))
+    rc = main(["pack", "--csv", str(csv), "--label", "label", "-o", str(tmp_path / "d"),
+               "--compression", "GZIP", "--quiet"])
+    assert rc == 0 and "packed 40 samples" in capsys.readouterr().out
+    main(["inspect", str(tmp_path / "d")])
+    assert "compression: GZIP" in capsys.readouterr().out
