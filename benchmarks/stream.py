@@ -334,6 +334,113 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def measure_writes(src: dict[str, Path], data_dir: Path, n: int,
+                   passes: int) -> tuple[dict[str, list[float]], Path, Path]:
+    """5b: ``memfit.pack`` vs the recipe's per-sample writing loop, interleaved. Each
+    writer's previous output is deleted outside the timer."""
+    pack_dir = data_dir / f"pack-xy-{n}"
+    recipe_dir = data_dir / f"recipe-{n}"
+    recipe_file = recipe_dir / "train.tfrecord"
+
+    def do_pack() -> int:
+        return memfit.pack({"x": str(src["x"]), "y": str(src["y"])}, pack_dir,
+                           progress=False, overwrite=True).samples
+
+    def do_recipe() -> int:
+        recipe_dir.mkdir(parents=True)
+        return recipe_write(src["x"], src["y"], recipe_file)
+
+    rates: dict[str, list[float]] = {"memfit.pack": [], "recipe": []}
+    for p in range(passes + 1):
+        for side, fn, out in (("memfit.pack", do_pack, pack_dir),
+                              ("recipe", do_recipe, recipe_dir)):
+            shutil.rmtree(out, ignore_errors=True)
+            started = time.perf_counter()
+            count = fn()
+            seconds = time.perf_counter() - started
+            label = "warm-up" if p == 0 else f"pass {p}/{passes}"
+            log(f"write: {label} {side}: {count:,} samples in {seconds:.2f} s "
+                f"= {rate(count / seconds)}")
+            if p:
+                rates[side].append(count / seconds)
+    return rates, pack_dir, recipe_file
+
+
+def measure_reads(src: dict[str, Path], pack_dir: Path, recipe_file: Path, budget: str,
+                  passes: int) -> tuple[dict[str, list[float]], Any]:
+    """1, 4, 5a: stream vs in-memory (same shuffle buffer) vs raw bytes vs the recipe."""
+    import tensorflow as tf
+
+    manifest = memfit.Manifest.load(pack_dir)
+    shard_files = manifest.files()
+    stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget)
+    plan = stream.memfit_plan
+    log(f"plan: {plan}")
+    x, y = np.load(src["x"]), np.load(src["y"])
+    memory = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(plan.window_samples)
+              .batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    recipe = recipe_dataset(recipe_file)
+    warm([*shard_files, recipe_file])
+
+    def raw_read() -> int:
+        for f in shard_files:
+            np.fromfile(f, dtype=np.uint8)
+        return manifest.samples
+
+    rates = interleaved("read", {
+        "memfit": lambda: count_samples(stream),
+        "in-memory": lambda: count_samples(memory),
+        "recipe": lambda: count_samples(recipe),
+        "np.fromfile": raw_read,
+    }, passes)
+    return rates, plan
+
+
+def measure_fit(src: dict[str, Path], pack_dir: Path, budget: str,
+                passes: int) -> dict[str, list[float]]:
+    """3: the same trivial model fitted on NumPy arrays and on the stream."""
+    import keras
+
+    x, y = np.load(src["x"]), np.load(src["y"])
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(IMAGE), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer="sgd",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget)
+
+    def fit_numpy() -> int:
+        model.fit(x, y, batch_size=BATCH, shuffle=True, epochs=1, verbose=0)
+        return len(x)
+
+    def fit_memfit() -> int:
+        model.fit(stream, epochs=1, verbose=0)
+        return stream.memfit_plan.samples
+
+    return interleaved("fit", {"memfit": fit_memfit, "numpy": fit_numpy}, passes)
+
+
+def measure_rss(data_dir: Path, sizes_gb: dict[str, float], budget: str,
+                runs: int) -> dict[str, dict]:
+    """6: peak RSS of a child streaming one epoch of a small and of a big dataset
+    (``runs`` children each, alternating; the median of each number is kept)."""
+    datasets = {}
+    for label, gb in sizes_gb.items():
+        count = max(2 * BATCH, int(gb * 1e9 / SAMPLE_BYTES))
+        source = make_source(data_dir, count, with_id=False)
+        datasets[label] = (gb, count, ensure_pack(source, data_dir / f"pack-xy-{count}"))
+    results: dict[str, list[dict]] = {label: [] for label in datasets}
+    for _ in range(runs):
+        for label, (_, _, manifest) in datasets.items():
+            results[label].append(child_peak(manifest.path, budget))
+    out = {}
+    for label, (gb, count, manifest) in datasets.items():
+        runs_ = results[label]
+        out[label] = {"gb": gb, "samples": count, "bytes": manifest.bytes, "runs": runs_,
+                      **{k: statistics.median(r[k] for r in runs_) for k in runs_[0]}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -347,111 +454,23 @@ def main(argv: list[str] | None = None) -> None:
     log(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} cores, "
         f"load {load:.2f}; {n:,} samples, budget {budget}, data in {data_dir}")
 
-    # Data: the throughput set (with ids for the shuffle test).
     src = make_source(data_dir, n, with_id=True)
     warm(list(src.values()))
+    writes, pack_dir, recipe_file = measure_writes(src, data_dir, n, passes)
+    reads, plan = measure_reads(src, pack_dir, recipe_file, budget, passes)
+    fits = measure_fit(src, pack_dir, budget, passes)
 
-    # 5b. pack vs the recipe's per-sample writing loop (outputs deleted outside the timer).
-    pack_dir = data_dir / f"pack-xy-{n}"
-    recipe_dir = data_dir / f"recipe-{n}"
-    recipe_file = recipe_dir / "train.tfrecord"
-
-    def do_pack() -> int:
-        shutil.rmtree(pack_dir, ignore_errors=True)
-        started = time.perf_counter()
-        res = memfit.pack({"x": str(src["x"]), "y": str(src["y"])}, pack_dir,
-                          progress=False, overwrite=True)
-        timer["pack"] = time.perf_counter() - started
-        return res.samples
-
-    def do_recipe_write() -> int:
-        shutil.rmtree(recipe_dir, ignore_errors=True)
-        recipe_dir.mkdir(parents=True)
-        started = time.perf_counter()
-        count = recipe_write(src["x"], src["y"], recipe_file)
-        timer["recipe"] = time.perf_counter() - started
-        return count
-
-    # The writers are timed without the deletion of the previous output.
-    timer: dict[str, float] = {}
-    write_rates: dict[str, list[float]] = {"pack": [], "recipe": []}
-    for p in range(passes + 1):
-        for side, fn in (("pack", do_pack), ("recipe", do_recipe_write)):
-            count = fn()
-            label = "warm-up" if p == 0 else f"pass {p}/{passes}"
-            log(f"write: {label} {side}: {count:,} samples in {timer[side]:.2f} s "
-                f"= {rate(count / timer[side])}")
-            if p:
-                write_rates[side].append(count / timer[side])
-    pack_rate = statistics.median(write_rates["pack"])
-    recipe_write_rate = statistics.median(write_rates["recipe"])
-
-    manifest = memfit.Manifest.load(pack_dir)
-    shard_files = manifest.files()
-    stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget)
-    plan = stream.memfit_plan
-    window = plan.window_samples
-    log(f"plan: {plan}")
-
-    # 1, 4, 5a. Read throughput: stream, in-memory, raw bytes, the recipe.
-    x_ram = np.load(src["x"])
-    y_ram = np.load(src["y"])
-    memory = (tf.data.Dataset.from_tensor_slices((x_ram, y_ram)).shuffle(window)
-              .batch(BATCH).prefetch(tf.data.AUTOTUNE))
-    recipe = recipe_dataset(recipe_file)
-    warm([*shard_files, recipe_file])
-
-    def raw_read() -> int:
-        for f in shard_files:
-            np.fromfile(f, dtype=np.uint8)
-        return manifest.samples
-
-    reads = interleaved("read", {
-        "memfit": lambda: count_samples(stream),
-        "in-memory": lambda: count_samples(memory),
-        "recipe": lambda: count_samples(recipe),
-        "np.fromfile": raw_read,
-    }, passes)
-    del memory
-
-    # 3. Keras: model.fit on NumPy arrays vs on the stream, same model.
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input(IMAGE), keras.layers.GlobalAveragePooling2D(),
-                              keras.layers.Dense(10)])
-    model.compile(optimizer="sgd",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    fit_stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget)
-
-    def fit_numpy() -> int:
-        model.fit(x_ram, y_ram, batch_size=BATCH, shuffle=True, epochs=1, verbose=0)
-        return len(x_ram)
-
-    def fit_memfit() -> int:
-        model.fit(fit_stream, epochs=1, verbose=0)
-        return plan.samples
-
-    fits = interleaved("fit", {"memfit": fit_memfit, "numpy": fit_numpy}, passes)
-    del x_ram, y_ram, model, fit_stream
-
-    # 6. Shuffle quality, on a pack with an "id" feature.
     id_dir = ensure_pack(src, data_dir / f"pack-xyid-{n}").path
     id_window = memfit.dataset(id_dir, BATCH, features=("id",),
                                memory_budget=budget).memfit_plan.window_samples
     shuffle = shuffle_quality(id_dir, n, budget, id_window)
 
-    # 5. Peak RSS of a child streaming a big vs a small dataset.
-    rss: dict[str, dict] = {}
-    for label, gb in (("small", args.small_gb), ("big", args.big_gb)):
-        count = max(2 * BATCH, int(gb * 1e9 / SAMPLE_BYTES))
-        source = make_source(data_dir, count, with_id=False)
-        out = ensure_pack(source, data_dir / f"pack-xy-{count}")
-        rss[label] = {"gb": gb, "samples": count, "bytes": out.bytes,
-                      **child_peak(out.path, budget)}
-    budget_bytes = memfit.parse_size(budget)
+    rss = measure_rss(data_dir, {"small": args.small_gb, "big": args.big_gb}, budget,
+                      args.rss_runs)
 
     elapsed = time.perf_counter() - _STARTED
-    print(render(args, tf.__version__, keras.__version__, load, plan, reads, fits,
-                 pack_rate, recipe_write_rate, shuffle, id_window, rss, budget_bytes, elapsed))
+    print(render(args, tf.__version__, keras.__version__, load, plan, reads, fits, writes,
+                 shuffle, id_window, rss, memfit.parse_size(budget), elapsed))
     log(f"done in {elapsed:.0f} s")
 
 

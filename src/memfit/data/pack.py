@@ -120,7 +120,8 @@ def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | N
 def _split_counts(n: int, split: dict[str, float]) -> dict[str, int]:
     raw = {k: n * v for k, v in split.items()}
     counts = {k: int(math.floor(v)) for k, v in raw.items()}
-    for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[: n - sum(counts.values())]:
+    short = n - sum(counts.values())          # largest remainders get the leftover samples
+    for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[:short]:
         counts[k] += 1
     return counts
 

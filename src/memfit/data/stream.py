@@ -34,6 +34,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+
 import tensorflow as tf
 
 from memfit.data.manifest import Manifest
@@ -188,7 +189,8 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
         raise ValueError(f"batch_size must be a positive integer. "
                          f"Received: batch_size={batch_size!r}")
     if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. Received: on_corrupt={on_corrupt!r}")
+        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. "
+                         f"Received: on_corrupt={on_corrupt!r}")
     if not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer. Received: epoch={epoch!r}")
     if epochs is not None and (not isinstance(epochs, int) or epochs <= epoch):
