@@ -135,6 +135,28 @@ def plan_dataset(manifest: Manifest, split: str, batch_size: int, budget: int, *
                        epoch=epoch, epochs=epochs, shuffle=shuffle)
 
 
+def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Tensor:
+    """Decodes a window of raw blocks into one flat tensor of values.
+
+    Full records all have the same length and decode in one ``decode_raw`` without a
+    copy to join them; a window holding a short record (the last of a split) or a
+    variable feature is joined first.
+    """
+    dtype = tf.as_dtype(dtype_name)
+    raw_type = _DECODE_AS.get(dtype, dtype)
+
+    def joined() -> tf.Tensor:
+        return tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(blocks), raw_type), [-1])
+
+    if variable:
+        flat = joined()
+    else:
+        lengths = tf.strings.length(blocks)
+        flat = tf.cond(tf.reduce_min(lengths) == tf.reduce_max(lengths),
+                       lambda: tf.reshape(tf.io.decode_raw(blocks, raw_type), [-1]), joined)
+    return flat if raw_type == dtype else tf.bitcast(flat, dtype)
+
+
 def _seed(seed: int, *data: tf.Tensor | int) -> tf.Tensor:
     """A stateless seed pair derived from ``seed`` and the given integers."""
     s = tf.constant([seed & 0x7FFFFFFF, 0x6D656D66], tf.int64)   # "memf"
@@ -260,12 +282,8 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
         parsed = tf.io.parse_example(records, spec)
         out = {}
         for name, f in feats.items():
-            dtype = tf.as_dtype(f.dtype)
-            raw_type = _DECODE_AS.get(dtype, dtype)
-            flat = tf.io.decode_raw(tf.strings.reduce_join(parsed[name]), raw_type)
-            if raw_type != dtype:
-                flat = tf.bitcast(flat, dtype)
-            values = tf.reshape(flat, [-1, *f.inner_shape])
+            values = tf.reshape(_decode_values(parsed[name], f.dtype, f.variable),
+                                [-1, *f.inner_shape])
             if f.variable:
                 lengths = parsed[name + LENGTHS_SUFFIX].values
                 values = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
