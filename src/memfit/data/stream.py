@@ -49,7 +49,10 @@ log = logging.getLogger("memfit")
 # Bytes of a window alive at once while it is parsed and permuted: the record strings,
 # the parsed strings, the joined/decoded values and the permuted copy.
 _WINDOW_COPIES = 4
-_READ_BUFFER = 1 << 20
+_READ_BUFFER = 256 * 1024
+_MAX_CYCLE = 16                 # shards read at once
+_WINDOW_CAP = 8 * 2**20         # bytes of decoded samples in one shuffle window
+_MAX_PREFETCH = 8               # batches
 # decode_raw has no unsigned 32/64-bit output: decode the signed type and reinterpret.
 _DECODE_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 
@@ -100,16 +103,22 @@ class DatasetPlan:
 def plan_dataset(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                  shuffle: bool, samples: int, drop_remainder: bool, seed: int, epoch: int,
                  epochs: int | None, files: int) -> DatasetPlan:
-    """Derives window, parallelism and prefetch depth from a byte budget."""
+    """Derives window, parallelism and prefetch depth from a byte budget.
+
+    Mixing comes mostly from reading many shards at once (each shard is already a
+    random sample of the data): a window holds records of ``cycle_length`` shards, so
+    samples that met in one epoch rarely meet again. The window itself is capped at
+    ``_WINDOW_CAP`` bytes: bigger windows cost page faults on every copy and gain little
+    mixing once many shards are interleaved. What is left of the budget goes to prefetch.
+    """
     cores = os.cpu_count() or 1
     k = manifest.samples_per_record
     sample_bytes = manifest.sample_bytes(split)
     record_bytes = sample_bytes * k
     batch_bytes = sample_bytes * batch_size
-    cycle = max(1, min(files, 4, 2 * cores))
-    parallel = max(1, min(2, cores))
+    cycle = max(1, min(files, _MAX_CYCLE)) if shuffle else 1
     readers = cycle * (_READ_BUFFER + 2 * record_bytes)
-    prefetch = 1
+    parallel = max(1, min(2, cores))
     need_min = readers + _WINDOW_COPIES * record_bytes * (parallel + 1) + 2 * batch_bytes
     if budget < need_min:
         raise DatasetError(
@@ -118,14 +127,14 @@ def plan_dataset(manifest: Manifest, split: str, batch_size: int, budget: int, *
             f"needs at least {format_size(need_min)}. Raise memory_budget or lower batch_size. "
             f"Received: memory_budget={budget}")
     spare = budget - readers - 2 * batch_bytes
-    prefetch = int(max(1, min(8, (0.2 * spare) // max(batch_bytes, 1))))
-    spare -= (prefetch - 1) * batch_bytes
-    window_records = int(spare // (_WINDOW_COPIES * record_bytes * (parallel + 1)))
-    window_records = max(1, min(window_records, manifest.split(split).records))
+    window_bytes = min(spare / (_WINDOW_COPIES * (parallel + 1)),
+                       max(_WINDOW_CAP, 2 * batch_bytes))
+    window_records = int(max(1, min(window_bytes // record_bytes, manifest.split(split).records)))
     if not shuffle:
         window_records = max(1, min(window_records, math.ceil(batch_size / k)))
-    estimated = (readers + _WINDOW_COPIES * record_bytes * window_records * (parallel + 1)
-                 + (prefetch + 1) * batch_bytes)
+    in_windows = _WINDOW_COPIES * record_bytes * window_records * (parallel + 1)
+    prefetch = int(max(1, min(_MAX_PREFETCH, (spare - in_windows) // max(batch_bytes, 1))))
+    estimated = readers + in_windows + (prefetch + 1) * batch_bytes
     steps = samples // batch_size if drop_remainder else math.ceil(samples / batch_size)
     return DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
                        samples=samples, steps_per_epoch=steps, memory_budget=budget,
@@ -251,8 +260,10 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
     files = tf.constant([str(base / s.file) for s in shards])
     expected = tf.constant([s.records for s in shards], tf.int64)
     compression = manifest.compression or ""
-    spec = manifest.tf_feature_spec()
-    feats = manifest.features
+    # Only the features asked for are parsed and decoded.
+    feats = {n: manifest.features[n] for n in (features or manifest.features)}
+    spec = {k: v for k, v in manifest.tf_feature_spec().items()
+            if k.split(LENGTHS_SUFFIX)[0] in feats}
 
     def read_shard(file: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
         raw = tf.data.TFRecordDataset(file, compression_type=compression,
@@ -304,7 +315,8 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
                                                       tf.gather(expected, order)))
         if shuffle:
             records = listing.interleave(read_shard, cycle_length=plan.cycle_length,
-                                         block_length=1, num_parallel_calls=plan.cycle_length,
+                                         block_length=1,
+                                         num_parallel_calls=min(plan.cycle_length, 4),
                                          deterministic=True)
         else:
             records = listing.flat_map(read_shard)
