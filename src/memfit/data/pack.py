@@ -47,6 +47,8 @@ __all__ = ["pack", "PackResult", "parse_split"]
 STATE = ".memfit-pack-state.json"
 _TARGET_RECORD_BYTES = 256 * 1024
 _MAX_SHARD_BYTES = 256 * 2**20
+# Enough shards that the reader can interleave a different group of them every epoch.
+_MIN_SHARDS = 64
 _CHUNK_BYTES = 32 * 2**20
 
 
@@ -421,7 +423,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
         elif options["shard_bytes"] is not None:
             num = math.ceil(count * sample_bytes / options["shard_bytes"])
         else:
-            num = max(math.ceil(count * sample_bytes / _MAX_SHARD_BYTES), 16)
+            num = max(math.ceil(count * sample_bytes / _MAX_SHARD_BYTES), _MIN_SHARDS)
         num = max(1, min(num, records))
         bounds = np.linspace(0, records, num + 1).round().astype(int) * k
         for i in range(num):

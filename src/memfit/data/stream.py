@@ -52,7 +52,7 @@ _WINDOW_COPIES = 4
 _READ_BUFFER = 256 * 1024
 _MAX_CYCLE = 16                 # shards read at once
 _WINDOW_CAP = 8 * 2**20         # bytes of decoded samples in one shuffle window
-_MAX_PREFETCH = 8               # batches
+_MAX_PREFETCH = 4               # batches: the model, not the reader, is usually the bottleneck
 # decode_raw has no unsigned 32/64-bit output: decode the signed type and reinterpret.
 _DECODE_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 
