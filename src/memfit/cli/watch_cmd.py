@@ -1,0 +1,14 @@
+"""memfit watch (being written)."""
+
+import argparse
+
+NAME = "watch"
+HELP = "(being written)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise NotImplementedError

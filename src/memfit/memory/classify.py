@@ -1,0 +1,176 @@
+"""Tell a leak from allocator retention, warm-up and a stable run, from epoch-end samples.
+
+The input is one number per epoch: anonymous RSS at the end of the epoch (what running
+out of memory is about; file-backed pages are page cache). The classifier:
+
+1. measures the growth from the first epoch to the last;
+2. fits a robust slope (Theil–Sen: the median of all pairwise slopes, indifferent to a
+   few outliers) to the epochs after ``warmup_epochs``, and compares the growth it
+   predicts with the noise (the median absolute deviation of the residuals) and a floor;
+3. where growth is real and a ``malloc_trim(0)`` probe is possible, trims: if that gives
+   back most of the growth, the memory was free already: allocator retention.
+
+Verdicts: ``stable``, ``warm-up`` (grew early, flat since), ``leak`` (keeps growing: with
+MiB/epoch and when the budget would be hit), ``allocator-retention``, and ``unknown``
+(too few epochs to tell). Each comes with a paragraph of explanation and the fix.
+
+Example:
+    >>> v = classify([100e6, 110e6, 120e6, 130e6, 140e6, 150e6], warmup_epochs=1)
+    >>> v.kind, round(v.slope / 2**20, 1)
+    ('leak', 9.5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from memfit.memory.sizes import format_size
+
+__all__ = ["Verdict", "classify", "theil_sen", "EXPLANATIONS"]
+
+MIN_GROWTH = 8 * 2**20          # below this, growth over the run is noise on any machine
+NOISE_FACTOR = 4.0              # growth must exceed this many MADs of the residuals
+RETAINED_SHARE = 0.5            # trim giving back this share of the growth: retention
+
+EXPLANATIONS = {
+    "stable": (
+        "Memory at the end of each epoch stays level: nothing accumulates from epoch to "
+        "epoch.",
+        "Nothing to fix. If the process is still too big, the level itself is the problem: "
+        "stream the data (`memfit pack` + `memfit.dataset`) or lower the batch size."),
+    "warm-up": (
+        "Memory grew in the first epochs and has been level since: caches, tf.function "
+        "traces, allocator pools and pipeline buffers filling up once. This is not a leak.",
+        "Nothing to fix; count the warm-up level in your budget. If it is too high, lower "
+        "the pipeline budget (`memory_budget=`) or the shuffle/prefetch buffers."),
+    "leak": (
+        "Memory keeps growing epoch after epoch and a malloc_trim(0) probe does not give it "
+        "back: something holds references. Usual causes: model.predict/fit called in a "
+        "loop, models built in a loop without keras.backend.clear_session(), a tf.function "
+        "called with new Python scalars (it retraces every time; pass tensors), a "
+        "tf.data.Dataset rebuilt every epoch, or a global list that keeps batches.",
+        "Find the reference that grows and remove it (clear_session() between models, "
+        "tensors instead of Python numbers into tf.function, build datasets once). Until "
+        "then, `memfit run --max-rss SIZE -- python train.py` restarts the process before "
+        "it runs out of memory and resumes exactly."),
+    "allocator-retention": (
+        "RSS grew, but a malloc_trim(0) probe gave most of it back: the memory had been "
+        "freed, and glibc kept it in its arenas for reuse. This looks like a leak in "
+        "`top` and is not one.",
+        "Use MemoryMonitor(trim='epoch') to return it to the OS at every epoch end, or set "
+        "MALLOC_TRIM_THRESHOLD_/MALLOC_ARENA_MAX in the environment; restarting Python is "
+        "not needed."),
+    "unknown": (
+        "Too few epochs after the warm-up to tell growth from noise.",
+        "Train for more epochs (at least 3 after warmup_epochs) or lower warmup_epochs."),
+}
+
+
+def theil_sen(values: Sequence[float]) -> float:
+    """The Theil–Sen slope of ``values`` against their index (per step)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    return statistics.median((values[j] - values[i]) / (j - i)
+                             for i in range(n) for j in range(i + 1, n))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The classifier's answer, with the numbers behind it.
+
+    Attributes:
+        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``unknown``.
+        slope: bytes per epoch after the warm-up (Theil–Sen).
+        growth: bytes from the first epoch-end sample to the last.
+        noise: the growth threshold that was used, in bytes.
+        epochs: epoch-end samples considered.
+        released: bytes a trim probe gave back (``None``: no probe).
+        epochs_to_budget: for a leak with a budget, epochs until it is reached.
+    """
+
+    kind: str
+    slope: float
+    growth: int
+    noise: float
+    epochs: int
+    released: int | None = None
+    budget: int | None = None
+    epochs_to_budget: float | None = None
+
+    @property
+    def explanation(self) -> str:
+        return EXPLANATIONS[self.kind][0]
+
+    @property
+    def fix(self) -> str:
+        return EXPLANATIONS[self.kind][1]
+
+    @property
+    def headline(self) -> str:
+        """One line: the verdict and its numbers."""
+        text = (f"{self.kind}: {format_size(self.growth, signed=True)} over {self.epochs} "
+                f"epochs, {format_size(self.slope, signed=True)}/epoch after warm-up")
+        if self.released is not None:
+            text += f"; malloc_trim gave back {format_size(self.released)}"
+        if self.epochs_to_budget is not None:
+            text += (f"; reaches the {format_size(self.budget)} budget in about "
+                     f"{self.epochs_to_budget:.0f} more epochs")
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.headline}\n{self.explanation}\nFix: {self.fix}"
+
+    def to_record(self) -> dict:
+        """Fields for a ``verdict`` event of the log."""
+        return {"verdict": self.kind, "slope": self.slope, "growth": self.growth,
+                "noise": self.noise, "epochs": self.epochs, "released": self.released,
+                "epochs_to_budget": self.epochs_to_budget, "headline": self.headline,
+                "explanation": self.explanation, "fix": self.fix}
+
+
+def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | None = None,
+             trim_probe: Callable[[], int | None] | None = None,
+             min_growth: float = MIN_GROWTH) -> Verdict:
+    """Classifies the memory of a run from one anonymous-RSS value per epoch end.
+
+    Args:
+        values: anonymous RSS (bytes) at the end of each epoch, in order.
+        warmup_epochs: epochs excluded from the slope (growth there is expected).
+        budget: bytes the process may use; a leak gets a projection of when it is reached.
+        trim_probe: called once when growth is real; returns the bytes ``malloc_trim``
+            released (``None`` if it cannot trim: retention is then not diagnosed).
+        min_growth: growth, in bytes over the run, below which nothing is diagnosed.
+    """
+    if warmup_epochs < 0:
+        raise ValueError(f"warmup_epochs must be >= 0. Received: warmup_epochs={warmup_epochs}")
+    values = [float(v) for v in values]
+    after = values[min(warmup_epochs, max(len(values) - 1, 0)):]
+    if len(after) < 3:
+        return Verdict("unknown", 0.0, int(values[-1] - values[0]) if values else 0, 0.0,
+                       len(values))
+    slope = theil_sen(after)
+    intercept = statistics.median(v - slope * i for i, v in enumerate(after))
+    residuals = [v - (intercept + slope * i) for i, v in enumerate(after)]
+    mad = statistics.median(abs(r) for r in residuals)
+    noise = max(min_growth, NOISE_FACTOR * mad)
+    growth = values[-1] - values[0]
+    trend = slope * (len(after) - 1)
+    kind = "stable"
+    if trend > noise:
+        kind = "leak"
+    elif growth > noise:
+        kind = "warm-up"
+    released = None
+    if kind != "stable" and trim_probe is not None:
+        released = trim_probe()
+        if released is not None and released >= RETAINED_SHARE * max(growth, trend):
+            kind = "allocator-retention"
+    to_budget = None
+    if kind == "leak" and budget is not None and slope > 0:
+        to_budget = max(0.0, (budget - values[-1]) / slope)
+    return Verdict(kind=kind, slope=slope, growth=int(growth), noise=noise,
+                   epochs=len(values), released=released, budget=budget,
+                   epochs_to_budget=to_budget)

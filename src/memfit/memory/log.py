@@ -1,0 +1,129 @@
+"""The one log format: JSON lines, one event per line, in ``WORKDIR/memory.jsonl``.
+
+Every line has ``t`` (Unix time), ``pid`` and ``event``. The first line of a log is a
+``start`` event naming the format, so that ``memfit report`` can refuse other files:
+
+    {"t": 1796030000.1, "pid": 4242, "event": "start", "format": "memfit-log",
+     "format_version": 1, "memfit": "0.1.0", "source": "monitor", ...}
+    {"t": ..., "pid": 4242, "event": "sample", "rss": ..., "rss_anon": ..., "rss_file": ...}
+    {"t": ..., "pid": 4242, "event": "epoch_end", "epoch": 0, "rss_anon": ..., ...}
+
+Events: ``start``, ``sample`` (periodic), ``batch`` (every n batches), ``epoch_end``,
+``trim`` (``released`` bytes), ``verdict`` (the classifier's result), ``restart``,
+``exit`` (``code``), ``stop``. Memory fields are bytes and come from the probe
+(:class:`memfit.memory.Sample` plus optional ``py_heap``, ``gpu``, ``nvml``); a source
+that was not available is left out, never written as zero.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "memory.jsonl"
+    >>> with MemoryLog(path, source="doc") as log:
+    ...     log.write("sample", rss=1, rss_anon=1, rss_file=0)
+    >>> [r["event"] for r in read_log(path)]
+    ['start', 'sample']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memfit._version import __version__
+from memfit.errors import MemfitError
+
+__all__ = ["MemoryLog", "read_log", "LogError", "FORMAT"]
+
+FORMAT = "memfit-log"
+FORMAT_VERSION = 1
+
+
+class LogError(MemfitError):
+    """A file that is not a memfit log, or a damaged one."""
+
+
+class MemoryLog:
+    """Appends events to a JSON-lines log; each line is flushed as it is written.
+
+    Several writers (a parent and its children) may append to the same file: each line
+    is written with one ``write`` call in append mode, which the OS keeps whole.
+
+    Args:
+        path: the log file (created with its directory if missing).
+        source: who writes (``"monitor"``, ``"watch"``, ``"run"``...), recorded in ``start``.
+        header: write the ``start`` line (only the first writer of a file should).
+        **start_fields: more fields for the ``start`` event (command, budget...).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, source: str, header: bool = True,
+                 **start_fields: Any):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a", encoding="utf-8")
+        if header:
+            self.write("start", format=FORMAT, format_version=FORMAT_VERSION,
+                       memfit=__version__, source=source, **start_fields)
+
+    def write(self, event: str, *, pid: int | None = None, t: float | None = None,
+              **fields: Any) -> dict:
+        """Appends one event; returns the record written."""
+        record = {"t": time.time() if t is None else t, "pid": os.getpid() if pid is None
+                  else pid, "event": event, **{k: v for k, v in fields.items() if v is not None}}
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line)
+                self._file.flush()
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> MemoryLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_log(path: str | os.PathLike) -> Iterator[dict]:
+    """Reads a memfit log, checking that it is one.
+
+    A line cut short at the end (a writer killed mid-line) is skipped; anything else
+    that is not a JSON object with ``t``, ``pid`` and ``event`` is an error.
+
+    Raises:
+        LogError: if the file is missing, empty, or not a memfit log.
+    """
+    path = Path(path)
+    try:
+        f = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise LogError(f"No memfit log at {str(path)!r}.") from None
+    except IsADirectoryError:
+        raise LogError(f"{str(path)!r} is a directory; give a log file or a workdir.") from None
+    with f:
+        lines = f.read().splitlines()
+    if not lines:
+        raise LogError(f"{str(path)!r} is empty: no memfit log was written there.")
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+            ok = isinstance(record, dict) and {"t", "pid", "event"} <= set(record)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                return                          # the last line was cut short
+            ok = False
+        if number == 1 and not (ok and record.get("format") == FORMAT):
+            raise LogError(f"{str(path)!r} is not a memfit log (its first line is not a "
+                           f"memfit 'start' event): {line[:80]!r}")
+        if not ok:
+            raise LogError(f"{str(path)!r} line {number} is not a memfit log record: "
+                           f"{line[:80]!r}")
+        yield record
