@@ -7,6 +7,8 @@ Public API (re-exports only):
     memfit.dataset(...)       stream them as a tf.data.Dataset under a byte budget
     memfit.inspect / verify   describe / check a packed dataset
     memfit.measure()          RSS before/after/peak of a block (anonymous and file apart)
+    memfit.MemoryMonitor      Keras callback: memory log + leak/retention/warm-up verdict
+    memfit.classify(...)      the verdict from epoch-end RSS values; memfit.malloc_trim()
     memfit.parse_size / format_size
 """
 
@@ -14,11 +16,21 @@ from typing import Any
 
 from memfit._version import __version__
 from memfit.data import Manifest, PackResult, inspect, pack, verify
-from memfit.memory import Measurement, Sample, format_size, measure, parse_size, sample
+from memfit.memory import (
+    Measurement,
+    Sample,
+    Verdict,
+    classify,
+    format_size,
+    malloc_trim,
+    measure,
+    parse_size,
+    sample,
+)
 
-__all__ = ["__version__", "Manifest", "Measurement", "PackResult", "Sample", "dataset",
-           "DatasetPlan", "format_size", "inspect", "measure", "pack", "parse_size", "sample",
-           "verify"]
+__all__ = ["__version__", "Manifest", "Measurement", "MemoryMonitor", "PackResult", "Sample",
+           "Verdict", "classify", "dataset", "DatasetPlan", "format_size", "inspect",
+           "malloc_trim", "measure", "pack", "parse_size", "sample", "verify"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from memfit.data import stream
 
         return getattr(stream, name)
+    if name == "MemoryMonitor":
+        from memfit.memory.monitor import MemoryMonitor
+
+        return MemoryMonitor
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -21,9 +21,17 @@ from pathlib import Path
 
 from memfit.errors import MemfitError
 
-__all__ = ["Workdir", "LOG_NAME"]
+__all__ = ["Workdir", "LOG_NAME", "WORKDIR_ENV", "default_workdir"]
 
 LOG_NAME = "memory.jsonl"
+# Set by `memfit watch` (and later `run`, `share`) for the command they start, so that a
+# MemoryMonitor inside it writes to the same workdir without being told.
+WORKDIR_ENV = "MEMFIT_WORKDIR"
+
+
+def default_workdir(fallback: str = "memfit-workdir") -> str:
+    """The workdir a supervising memfit process named (``$MEMFIT_WORKDIR``), else ``fallback``."""
+    return os.environ.get(WORKDIR_ENV) or fallback
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,57 @@
-"""memfit watch (being written)."""
+"""Run a command and watch the memory of its whole process tree from outside.
+
+The command runs unchanged (same terminal, same environment). Every --interval seconds
+its process tree is sampled (anonymous and file-backed RSS apart) into WORKDIR/memory.jsonl;
+on a terminal a status line shows anonymous RSS, peak and slope. At exit memfit prints the
+peak, the growth and a verdict (stable, warm-up, leak...) and exits with the command's
+exit code. Ctrl-C and SIGTERM reach the command; the verdict is still written.
+
+examples:
+  memfit watch -- python train.py --epochs 20
+  memfit watch --workdir runs/leak -- python examples/leaky_script.py
+  memfit report runs/leak
+"""
+
+from __future__ import annotations
 
 import argparse
+import sys
+
+from memfit.memory.watch import CommandStartError, watch
 
 NAME = "watch"
-HELP = "(being written)"
+HELP = "run a command and watch its memory (process tree) from outside"
+
+
+class _Command(argparse.Action):
+    """Collects everything after ``--``; an empty command is a usage error."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        command = list(values)  # type: ignore[call-overload]
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            parser.error("give the command to watch after '--', e.g. "
+                         "memfit watch -- python train.py")
+        setattr(namespace, self.dest, command)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between samples (default: 0.5)")
+    p.add_argument("--workdir", default="memfit-watch", metavar="DIR",
+                   help="where the log memory.jsonl goes (default: memfit-watch)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, action=_Command, metavar="-- CMD ...",
+                   help="the command to run, after '--'")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    try:
+        result = watch(args.cmd, interval=args.interval, workdir=args.workdir)
+    except CommandStartError as e:
+        print(f"memfit watch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(result, file=sys.stderr)
+    return result.exit_code

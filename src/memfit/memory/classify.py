@@ -3,10 +3,11 @@
 The input is one number per epoch: anonymous RSS at the end of the epoch (what running
 out of memory is about; file-backed pages are page cache). The classifier:
 
-1. measures the growth from the first epoch to the last;
+1. drops the first ``warmup_epochs`` values (growth there is expected: traces, caches);
 2. fits a robust slope (Theil–Sen: the median of all pairwise slopes, indifferent to a
-   few outliers) to the epochs after ``warmup_epochs``, and compares the growth it
-   predicts with the noise (the median absolute deviation of the residuals) and a floor;
+   few outliers) to the rest, and compares the growth it predicts with the noise (the
+   median absolute deviation of the residuals, and a floor of ``min_growth``); a leak
+   must also still grow over the recent half of the epochs (else it is warm-up);
 3. where growth is real and a ``malloc_trim(0)`` probe is possible, trims: if that gives
    back most of the growth, the memory was free already: allocator retention.
 
@@ -46,9 +47,9 @@ EXPLANATIONS = {
         "Nothing to fix; count the warm-up level in your budget. If it is too high, lower "
         "the pipeline budget (`memory_budget=`) or the shuffle/prefetch buffers."),
     "leak": (
-        "Memory keeps growing epoch after epoch and a malloc_trim(0) probe does not give it "
-        "back: something holds references. Usual causes: model.predict/fit called in a "
-        "loop, models built in a loop without keras.backend.clear_session(), a tf.function "
+        "Memory keeps growing epoch after epoch: something holds references. Usual "
+        "causes: model.predict/fit called in a loop, models built in a loop without "
+        "keras.backend.clear_session(), a tf.function "
         "called with new Python scalars (it retraces every time; pass tensors), a "
         "tf.data.Dataset rebuilt every epoch, or a global list that keeps batches.",
         "Find the reference that grows and remove it (clear_session() between models, "
@@ -84,7 +85,7 @@ class Verdict:
     Attributes:
         kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``unknown``.
         slope: bytes per epoch after the warm-up (Theil–Sen).
-        growth: bytes from the first epoch-end sample to the last.
+        growth: bytes from the first epoch-end sample after warm-up to the last.
         noise: the growth threshold that was used, in bytes.
         epochs: epoch-end samples considered.
         released: bytes a trim probe gave back (``None``: no probe).
@@ -102,7 +103,13 @@ class Verdict:
 
     @property
     def explanation(self) -> str:
-        return EXPLANATIONS[self.kind][0]
+        text = EXPLANATIONS[self.kind][0]
+        if self.kind == "leak":
+            text += (" A malloc_trim(0) probe did not give the memory back, so it is not "
+                     "allocator retention." if self.released is not None else
+                     " No malloc_trim(0) probe ran here, so allocator retention is not ruled "
+                     "out (MemoryMonitor in the training process can probe it).")
+        return text
 
     @property
     def fix(self) -> str:
@@ -111,8 +118,10 @@ class Verdict:
     @property
     def headline(self) -> str:
         """One line: the verdict and its numbers."""
-        text = (f"{self.kind}: {format_size(self.growth, signed=True)} over {self.epochs} "
-                f"epochs, {format_size(self.slope, signed=True)}/epoch after warm-up")
+        if self.kind == "unknown":
+            return f"unknown: too few epochs after warm-up to judge ({self.epochs} samples)"
+        text = (f"{self.kind}: {format_size(self.growth, signed=True)} after warm-up, "
+                f"{format_size(self.slope, signed=True)}/epoch over {self.epochs} epochs")
         if self.released is not None:
             text += f"; malloc_trim gave back {format_size(self.released)}"
         if self.epochs_to_budget is not None:
@@ -147,7 +156,7 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
     if warmup_epochs < 0:
         raise ValueError(f"warmup_epochs must be >= 0. Received: warmup_epochs={warmup_epochs}")
     values = [float(v) for v in values]
-    after = values[min(warmup_epochs, max(len(values) - 1, 0)):]
+    after = values[warmup_epochs:]
     if len(after) < 3:
         return Verdict("unknown", 0.0, int(values[-1] - values[0]) if values else 0, 0.0,
                        len(values))
@@ -156,13 +165,17 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
     residuals = [v - (intercept + slope * i) for i, v in enumerate(after)]
     mad = statistics.median(abs(r) for r in residuals)
     noise = max(min_growth, NOISE_FACTOR * mad)
-    growth = values[-1] - values[0]
+    growth = after[-1] - after[0]           # growth after the warm-up epochs
     trend = slope * (len(after) - 1)
+    # A leak is still growing at the end: the recent half's rate, over the whole period,
+    # must be significant too; growth that has levelled off is warm-up.
+    late = after[len(after) // 2:]
+    recent = theil_sen(late) * (len(after) - 1)
     kind = "stable"
-    if trend > noise:
+    if trend > noise and recent > noise:
         kind = "leak"
-    elif growth > noise:
-        kind = "warm-up"
+    elif max(growth, max(after) - after[0]) > noise:
+        kind = "warm-up"                    # grew after warm-up, but not as a trend
     released = None
     if kind != "stable" and trim_probe is not None:
         released = trim_probe()

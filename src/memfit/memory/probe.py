@@ -29,7 +29,8 @@ import psutil
 
 from memfit.memory.sizes import format_size
 
-__all__ = ["Sample", "Measurement", "sample", "measure"]
+__all__ = ["Sample", "Measurement", "sample", "measure", "python_heap", "tf_gpu_memory",
+           "nvml_memory", "extended_record"]
 
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file",
                   "RssShmem": "rss_shmem", "VmHWM": "rss_peak"}
@@ -124,16 +125,15 @@ def sample(pid: int | None = None, *, tree: bool = False) -> Sample:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return root
-    total = root
+    total = dataclasses.replace(root, rss_peak=None)   # a tree has no single high-water mark
     for child in children:
-        try:
-            s = _one(child.pid)
-        except (psutil.NoSuchProcess, ProcessLookupError, FileNotFoundError):
+        status = _read_status(child.pid)
+        if status is None:          # exited, a zombie, or not readable: holds no memory we see
             continue
-        total = Sample(t=total.t, pid=pid, rss=total.rss + s.rss,
-                       rss_anon=_add(total.rss_anon, s.rss_anon),
-                       rss_file=_add(total.rss_file, s.rss_file),
-                       rss_shmem=_add(total.rss_shmem, s.rss_shmem),
+        total = Sample(t=total.t, pid=pid, rss=total.rss + status["rss"],
+                       rss_anon=_add(total.rss_anon, status.get("rss_anon")),
+                       rss_file=_add(total.rss_file, status.get("rss_file")),
+                       rss_shmem=_add(total.rss_shmem, status.get("rss_shmem")),
                        rss_peak=None, processes=total.processes + 1)
     return total
 
@@ -240,3 +240,79 @@ def measure(pid: int | None = None, *, interval: float = 0.01,
             peak["rss"] = max(peak["rss"], after.rss_peak)
         result.after = after
         result.peak = dataclasses.replace(after, **peak, rss_peak=None)
+
+
+# -- optional sources: each returns None when it is not available (absent, never zero) --
+
+def python_heap() -> dict[str, int] | None:
+    """Python heap current/peak from ``tracemalloc``, if it is tracing (it is costly, so
+    memfit only reads it when asked; start it with ``tracemalloc.start()``)."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return None
+    current, peak = tracemalloc.get_traced_memory()
+    return {"current": current, "peak": peak}
+
+
+def tf_gpu_memory() -> dict[str, dict[str, int]] | None:
+    """TensorFlow's allocator current/peak per GPU (``get_memory_info``); ``None`` without
+    TensorFlow imported or without a GPU. Never imports TensorFlow itself."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return None
+    try:
+        gpus = tf.config.list_logical_devices("GPU")
+    except Exception:                                  # TF not initialised for devices yet
+        return None
+    out = {}
+    for device in gpus:
+        name = device.name.split("device:")[-1]
+        try:
+            info = tf.config.experimental.get_memory_info(name)
+        except (ValueError, RuntimeError):
+            continue
+        out[name] = {"current": int(info["current"]), "peak": int(info["peak"])}
+    return out or None
+
+
+_nvml_state: dict = {}
+
+
+def nvml_memory(pid: int | None = None) -> int | None:
+    """GPU memory that the NVIDIA driver charges to ``pid`` (all GPUs), from NVML;
+    ``None`` where NVML (the ``nvidia-ml-py`` package or a driver) is not available."""
+    pid = os.getpid() if pid is None else pid
+    if _nvml_state.get("failed"):
+        return None
+    try:
+        import pynvml
+
+        if not _nvml_state.get("init"):
+            pynvml.nvmlInit()
+            _nvml_state["init"] = True
+        total, seen = 0, False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid and proc.usedGpuMemory is not None:
+                    total += int(proc.usedGpuMemory)
+                    seen = True
+        return total if seen else None
+    except Exception:                                  # no package, no driver, no GPU
+        _nvml_state["failed"] = True
+        return None
+
+
+def extended_record(pid: int | None = None, *, python: bool = False) -> dict:
+    """A log record of :func:`sample` plus whatever optional sources are available."""
+    record = sample(pid).as_record()
+    heap = python_heap() if python else None
+    gpu = tf_gpu_memory() if pid in (None, os.getpid()) else None
+    nvml = nvml_memory(pid) if gpu else None
+    for key, value in (("py_heap", heap), ("gpu", gpu), ("nvml", nvml)):
+        if value is not None:
+            record[key] = value
+    return record

@@ -1,0 +1,197 @@
+"""``memfit.MemoryMonitor``: a Keras callback that logs memory and diagnoses its growth."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
+import keras
+
+from memfit import exitcodes
+from memfit.atomic import temporary_name
+from memfit.memory.classify import Verdict, classify
+from memfit.memory.log import MemoryLog
+from memfit.memory.probe import extended_record
+from memfit.memory.sizes import format_size, parse_size
+from memfit.memory.trim import malloc_trim, require_trim
+from memfit.workdir import Workdir, default_workdir
+
+__all__ = ["MemoryMonitor"]
+
+_ON_LEAK = ("warn", "stop", "restart")
+
+
+class MemoryMonitor(keras.callbacks.Callback):
+    """Logs memory during training and tells a leak from allocator retention and warm-up.
+
+    Samples this process every ``every_n_batches`` batches and at every epoch end into the
+    shared JSON-lines log (``WORKDIR/memory.jsonl``; ``memfit report WORKDIR`` draws it).
+    After ``warmup_epochs`` it classifies the epoch-end anonymous RSS (see
+    :func:`memfit.memory.classify.classify`): ``stable``, ``warm-up``, ``leak`` (with
+    MiB/epoch and when ``budget`` would be reached) or ``allocator-retention`` (a
+    ``malloc_trim(0)`` probe gave most of the growth back).
+
+    Example:
+        >>> monitor = memfit.MemoryMonitor("runs/exp1", budget="8GiB", trim="epoch")
+        >>> model.fit(ds, epochs=20, callbacks=[monitor])            # doctest: +SKIP
+        >>> print(monitor.verdict)                                   # doctest: +SKIP
+
+    Args:
+        workdir: the run's workdir; created if missing (an unwritable one is an error at
+            construction, before training starts). Default: ``$MEMFIT_WORKDIR`` (set by
+            ``memfit watch``/``run`` for the command they start), else ``memfit-workdir``.
+        every_n_batches: also sample every this many batches (0: epoch ends only).
+        warmup_epochs: epochs whose growth is expected and excluded from the slope.
+        budget: memory the process may use (``"8GiB"``, bytes); a leak gets a projection of
+            the epoch at which it is reached.
+        trim: ``"epoch"`` calls ``malloc_trim(0)`` at each epoch end (glibc only) and logs
+            what it released; ``None`` does not.
+        on_leak: on a ``leak`` verdict: ``"warn"`` prints it; ``"stop"`` also stops
+            training cleanly (``model.stop_training``); ``"restart"`` saves the model to
+            ``WORKDIR/checkpoints/leak-restart.keras`` and exits the process with
+            ``memfit.exitcodes.RESTART`` (75) for ``memfit run`` to start it again.
+        tensorboard_dir: also write ``memory/rss_anon``, ``memory/rss_file`` (and
+            ``memory/gpu_peak`` on a GPU) scalars there.
+        python_heap: also log the Python heap from ``tracemalloc`` (started if needed;
+            costly).
+        verbose: 1 prints the verdict when it changes and at the end of training; 0 silent.
+    """
+
+    def __init__(self, workdir: str | os.PathLike | None = None, *,
+                 every_n_batches: int = 100, warmup_epochs: int = 1,
+                 budget: str | int | None = None, trim: str | None = None,
+                 on_leak: str = "warn", tensorboard_dir: str | None = None,
+                 python_heap: bool = False, verbose: int = 1):
+        super().__init__()
+        if not isinstance(every_n_batches, int) or every_n_batches < 0:
+            raise ValueError(f"every_n_batches must be an integer >= 0. "
+                             f"Received: every_n_batches={every_n_batches!r}")
+        if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be an integer >= 0. "
+                             f"Received: warmup_epochs={warmup_epochs!r}")
+        if trim not in (None, "epoch"):
+            raise ValueError(f"trim must be None or 'epoch'. Received: trim={trim!r}")
+        if trim == "epoch":
+            require_trim("MemoryMonitor(trim='epoch')")
+        if on_leak not in _ON_LEAK:
+            raise ValueError(f"on_leak must be one of {_ON_LEAK}. Received: on_leak={on_leak!r}")
+        self.workdir = Workdir(default_workdir() if workdir is None else workdir).create()
+        self.every_n_batches = every_n_batches
+        self.warmup_epochs = warmup_epochs
+        self.budget = parse_size(budget, name="budget") if budget is not None else None
+        self.trim = trim
+        self.on_leak = on_leak
+        self.python_heap = python_heap
+        self.verbose = verbose
+        self.tensorboard_dir = tensorboard_dir
+        self.epoch_values: list[int] = []
+        self.verdict: Verdict | None = None
+        self.log: MemoryLog | None = None
+        self._writer: Any = None
+        self._step = 0
+
+    @property
+    def log_path(self):
+        return self.workdir.log
+
+    # -- sampling ------------------------------------------------------------------------
+    def _sample(self, event: str, **fields: Any) -> dict:
+        record = extended_record(python=self.python_heap)
+        assert self.log is not None, "on_train_begin was not called"
+        written = self.log.write(event, **record, **fields)
+        if self._writer is not None:
+            self._scalars(written)
+        return written
+
+    def _scalars(self, record: dict) -> None:
+        import tensorflow as tf
+
+        with self._writer.as_default(step=self._step):
+            for key in ("rss_anon", "rss_file", "rss"):
+                if key in record:
+                    tf.summary.scalar(f"memory/{key}", record[key])
+            for name, info in (record.get("gpu") or {}).items():
+                tf.summary.scalar(f"memory/gpu_peak/{name}", info["peak"])
+        self._writer.flush()
+
+    # -- Keras hooks -----------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.log is None:
+            self.log = MemoryLog(self.workdir.log, source="monitor", argv=sys.argv,
+                                 budget=self.budget, warmup_epochs=self.warmup_epochs)
+        if self.python_heap:
+            import tracemalloc
+
+            if not tracemalloc.is_tracing():
+                tracemalloc.start()
+        if self.tensorboard_dir and self._writer is None:
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(self.tensorboard_dir)
+        self._sample("train_begin")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._step += 1
+        if self.every_n_batches and (batch + 1) % self.every_n_batches == 0:
+            self._sample("batch", step=self._step, batch=batch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.log is None:
+            self.on_train_begin()
+        if self.trim == "epoch":
+            released = malloc_trim()
+            self.log.write("trim", released=released, epoch=epoch)
+        record = self._sample("epoch_end", epoch=epoch)
+        self.epoch_values.append(record.get("rss_anon", record["rss"]))
+        if len(self.epoch_values) - self.warmup_epochs < 3:
+            return
+        previous = self.verdict.kind if self.verdict else None
+        self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
+                                budget=self.budget,
+                                trim_probe=None if self.trim == "epoch" else malloc_trim)
+        if self.verdict.kind != previous:
+            self.log.write("verdict", epoch=epoch, **self.verdict.to_record())
+            if self.verbose:
+                print(f"\nmemfit: {self.verdict.headline}", file=sys.stderr)
+        if self.verdict.kind == "leak":
+            self._act(epoch)
+
+    def _act(self, epoch: int) -> None:
+        if self.on_leak == "warn":
+            if self.verbose:
+                warnings.warn(f"memfit: memory is leaking: {self.verdict.headline}. "
+                              f"{self.verdict.fix}", stacklevel=2)
+            return
+        if self.on_leak == "stop":
+            self.log.write("stop", epoch=epoch, reason="leak")
+            if self.model is not None:
+                self.model.stop_training = True
+            return
+        path = self.workdir.checkpoints / "leak-restart.keras"
+        if self.model is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = temporary_name(path).with_suffix(".keras")
+            self.model.save(tmp)
+            os.replace(tmp, path)
+        self.log.write("exit", code=exitcodes.RESTART, epoch=epoch, reason="leak",
+                       checkpoint=str(path))
+        self.log.close()
+        print(f"memfit: leak found ({format_size(self.verdict.slope)}/epoch); saved "
+              f"{path} and exiting with code {exitcodes.RESTART} for a restart",
+              file=sys.stderr)
+        sys.exit(exitcodes.RESTART)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.log is None:
+            return
+        self._sample("train_end")
+        if self.verdict is None:
+            self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
+                                    budget=self.budget)
+        if self.verbose:
+            print(f"memfit: {self.verdict.headline}\n  log: {self.workdir.log}",
+                  file=sys.stderr)
+        self.log.close()
+        self.log = None

@@ -1,0 +1,423 @@
+"""Watch any command's memory from outside: ``memfit watch -- python train.py``.
+
+:func:`watch` runs the command unchanged (same stdin, stdout, stderr, environment),
+samples its whole process tree every ``interval`` seconds with the one probe
+(:func:`memfit.memory.sample` with ``tree=True``: data-loader workers and other children
+count), writes every sample to the shared log ``WORKDIR/memory.jsonl``, shows a live
+status line on a terminal, forwards SIGINT/SIGTERM to the command, and at exit writes
+the exit code and a verdict (:func:`memfit.memory.classify`) to the log.
+
+The verdict uses the ``epoch_end`` events of the same log when the command wrote at
+least 3 (a training script with ``memfit.MemoryMonitor(WORKDIR)`` does); otherwise the
+run is cut into 10 equal time slices and the median anonymous RSS of each slice serves
+as one "epoch". From outside, memory cannot be trimmed, so a ``leak`` found this way may
+still be allocator retention.
+
+Example:
+    >>> import sys, tempfile
+    >>> result = watch([sys.executable, "-c", "b = b'x' * 2**26"],
+    ...                workdir=tempfile.mkdtemp())                   # doctest: +SKIP
+    >>> result.exit_code, result.peak.rss_anon > 2**26                # doctest: +SKIP
+    (0, True)
+    >>> print(result)                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from memfit import exitcodes
+from memfit.errors import MemfitError
+from memfit.memory.classify import Verdict, classify, theil_sen
+from memfit.memory.log import MemoryLog, read_log
+from memfit.memory.probe import Sample, sample
+from memfit.memory.sizes import format_size
+from memfit.workdir import WORKDIR_ENV, Workdir
+
+__all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX"]
+
+SLICES = 10                  # time slices standing in for epochs when the log has none
+MIN_EPOCH_EVENTS = 3         # epoch_end events needed to classify them instead of slices
+_STATUS_WINDOW = 30.0        # seconds of recent samples behind the live slope
+_STATUS_MAX_SAMPLES = 60     # ... at most this many (Theil-Sen is quadratic)
+OUTSIDE_NOTE = ("retention cannot be ruled out from outside; run with "
+                "MemoryMonitor(trim='epoch') in the script to tell a leak from allocator "
+                "retention")
+SHORT_FIX = ("The run was too short to judge: samples are needed in at least 4 of its 10 time "
+             "slices (lower --interval for a short run), or write epoch_end events with "
+             "MemoryMonitor(WORKDIR) in the script.")
+
+
+class CommandStartError(MemfitError):
+    """The command could not be started; ``exit_code`` is what a shell would return.
+
+    Attributes:
+        command: the command that was given.
+        exit_code: 127 (``memfit.exitcodes.NOT_FOUND``) when it does not exist, 126 when
+            it cannot be executed.
+    """
+
+    def __init__(self, message: str, command: Sequence[str], exit_code: int):
+        super().__init__(message)
+        self.command = list(command)
+        self.exit_code = exit_code
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchResult:
+    """What :func:`watch` saw of one run of a command.
+
+    Attributes:
+        exit_code: the command's exit code; a command killed by signal N gives 128 + N,
+            as a shell reports it.
+        samples: how many samples of the process tree were taken (all are in the log).
+        peak: field by field, the largest value sampled (``rss``, ``rss_anon``,
+            ``rss_file``, ``rss_shmem``, ``processes``; ``t`` is when anonymous RSS
+            peaked); ``None`` if the command ended before the first sample.
+        final: the last sample before the command ended, or ``None``.
+        growth: anonymous (else total) RSS of the last sample minus the first, in bytes.
+        verdict: the classifier's verdict (see :func:`memfit.memory.classify`).
+        duration: seconds from start to exit.
+        log_path: the log written (``WORKDIR/memory.jsonl``).
+        command: the command run.
+        basis: what the verdict was computed from: ``"epochs"`` (the log's ``epoch_end``
+            events) or ``"time slices"`` (medians of 10 equal slices of the run).
+    """
+
+    exit_code: int
+    samples: int
+    peak: Sample | None
+    final: Sample | None
+    growth: int
+    verdict: Verdict
+    duration: float
+    log_path: Path
+    command: tuple[str, ...] = ()
+    basis: str = "time slices"
+
+    @property
+    def fix(self) -> str:
+        """What to do: the verdict's fix (for a run too short to judge, how to watch it)."""
+        return _fix(self.verdict, self.basis)
+
+    @property
+    def note(self) -> str | None:
+        """A caveat on the verdict, or ``None``: a leak seen from outside may be retention."""
+        return OUTSIDE_NOTE if self.verdict.kind == "leak" else None
+
+    def __str__(self) -> str:
+        cmd = shlex.join(self.command) if self.command else "the command"
+        lines = [f"memfit watch: {cmd!s} exited with code {self.exit_code} after "
+                 f"{self.duration:.1f} s ({self.samples} samples)"]
+        for label, s in (("peak", self.peak), ("final", self.final)):
+            if s is not None:
+                lines.append(f"  {label:<7} anon {format_size(s.rss_anon):>10}   file "
+                             f"{format_size(s.rss_file):>10}   total {format_size(s.rss):>10}"
+                             f"   ({s.processes} process{'es' if s.processes != 1 else ''})")
+        lines.append(f"  growth  {format_size(self.growth, signed=True)} anonymous, first "
+                     f"sample to last")
+        if self.basis == "epochs":
+            basis = "the epoch_end events of the log"
+        else:
+            width = self.duration / SLICES
+            basis = f"{SLICES} equal time slices of {width:.1f} s as 'epochs'"
+            if self.verdict.kind != "unknown" and width > 0:
+                rate = self.verdict.slope / width * 60
+                basis += f": {format_size(rate, signed=True)}/min"
+        lines.append(f"  verdict {self.verdict.headline} (from {basis})")
+        lines.append(f"  Fix: {self.fix}")
+        if self.note:
+            lines.append(f"  Note: {self.note}")
+        lines.append(f"  log: {self.log_path}")
+        return "\n".join(lines)
+
+
+def _fix(verdict: Verdict, basis: str) -> str:
+    return SHORT_FIX if verdict.kind == "unknown" and basis == "time slices" else verdict.fix
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def _peak(samples: Sequence[Sample]) -> Sample | None:
+    if not samples:
+        return None
+    top = max(samples, key=lambda s: s.anon_or_total)
+    fields = {}
+    for name in ("rss", "rss_anon", "rss_file", "rss_shmem", "rss_peak", "processes"):
+        value = None
+        for s in samples:
+            value = _max(value, getattr(s, name))
+        fields[name] = value
+    return dataclasses.replace(top, **fields)
+
+
+def _slice_medians(times: Sequence[float], values: Sequence[float],
+                   slices: int = SLICES) -> list[float]:
+    """Median of ``values`` in each of ``slices`` equal time slices that has samples."""
+    if not times:
+        return []
+    start, width = times[0], (times[-1] - times[0]) / slices
+    buckets: list[list[float]] = [[] for _ in range(slices)]
+    for t, v in zip(times, values, strict=True):
+        index = slices - 1 if width <= 0 else min(int((t - start) / width), slices - 1)
+        buckets[index].append(v)
+    return [statistics.median(b) for b in buckets if b]
+
+
+def _epoch_values(log_path: Path, since: float) -> list[float]:
+    """Anonymous (else total) RSS of the ``epoch_end`` events written since ``since``."""
+    values = []
+    for record in read_log(log_path):
+        if record["event"] == "epoch_end" and record["t"] >= since:
+            value = record.get("rss_anon", record.get("rss"))
+            if isinstance(value, int | float):
+                values.append(float(value))
+    return values
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _terminal_sent(signum: int, pid: int) -> bool:
+    """Whether a SIGINT most likely came from the terminal (Ctrl-C), which sends it to the
+    whole foreground process group: the command then has it already."""
+    if signum != signal.SIGINT:
+        return False
+    try:
+        if os.getpgid(pid) != os.getpgrp():
+            return False
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _forward_signals(proc: subprocess.Popen) -> Iterator[None]:
+    """Forwards SIGINT and SIGTERM to ``proc`` while the block runs (main thread only)."""
+    def forward(signum: int, frame: object) -> None:
+        if proc.poll() is None and not _terminal_sent(signum, proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+    previous = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, forward)
+    except ValueError:          # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class _StatusLine:
+    """The live one-line status, redrawn in place with ``\\r``; silent unless a terminal."""
+
+    def __init__(self, stream: TextIO, start: float):
+        self.stream = stream
+        self.start = start
+        try:
+            self.enabled = bool(stream.isatty())
+        except (AttributeError, ValueError):
+            self.enabled = False
+        self.shown = False
+
+    def update(self, recent: Sequence[Sample], peak: Sample) -> None:
+        if not self.enabled or not recent:
+            return
+        now = recent[-1]
+        slope = "slope      n/a"
+        if len(recent) >= 3:
+            step = (recent[-1].t - recent[0].t) / (len(recent) - 1)
+            if step > 0:
+                per_min = theil_sen([s.anon_or_total for s in recent]) / step * 60
+                slope = f"slope {per_min / 2**20:+8.1f} MiB/min"
+        line = (f"memfit watch: anon {format_size(now.anon_or_total):>10}   peak "
+                f"{format_size(peak.anon_or_total):>10}   {slope}   "
+                f"{now.processes} proc   {now.t - self.start:6.0f} s")
+        self._write(f"\r{line}\x1b[K")
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self._write("\r\x1b[K")
+            self.shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):       # a closed or broken terminal: stop drawing
+            self.enabled = False
+
+
+def _check_command(command: Sequence[str]) -> list[str]:
+    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
+        raise ValueError(f"command must be a list of strings, such as ['python', 'train.py'] "
+                         f"(use shlex.split for a command line). Received: command={command!r}")
+    if not command:
+        raise ValueError("command is empty: give the program to run and its arguments, such "
+                         "as ['python', 'train.py']. Received: command=[]")
+    bad = [c for c in command if not isinstance(c, str | os.PathLike)]
+    if bad:
+        raise ValueError(f"command must hold strings only. Received: command={command!r}")
+    return [os.fspath(c) for c in command]
+
+
+def _start(command: list[str], workdir: Workdir) -> subprocess.Popen:
+    # The child learns the workdir, so a MemoryMonitor in it logs into the same file.
+    env = dict(os.environ, **{WORKDIR_ENV: str(workdir.path)})
+    try:
+        return subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise CommandStartError(
+            f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "
+            f"program's path)", command, exitcodes.NOT_FOUND) from None
+    except PermissionError:
+        raise CommandStartError(
+            f"command cannot be executed: {command[0]!r} (permission denied; make it "
+            f"executable with chmod +x, or run it through its interpreter)", command,
+            126) from None
+    except OSError as e:
+        raise CommandStartError(f"command cannot be started: {command[0]!r} ({e.strerror})",
+                                command, 126) from None
+
+
+def watch(command: Sequence[str], *, interval: float = 0.5,
+          workdir: str | os.PathLike = "memfit-watch",
+          status: TextIO | None = None) -> WatchResult:
+    """Runs a command, sampling the memory of its whole process tree from outside.
+
+    The command runs unchanged, with this process's stdin, stdout, stderr and
+    environment. Every ``interval`` seconds its process tree is sampled and the sample is
+    appended to ``WORKDIR/memory.jsonl`` (a ``start`` event with the command, then
+    ``sample`` events with the command's pid; ``memfit report WORKDIR`` draws them).
+    SIGINT and SIGTERM sent to this process are forwarded to the command (when called
+    from the main thread), and the watch goes on until it exits. At exit an ``exit``
+    event (``code``) and a ``verdict`` event are written.
+
+    Example:
+        >>> result = memfit.memory.watch.watch(["python", "train.py"],
+        ...                                     workdir="runs/exp1")   # doctest: +SKIP
+        >>> print(result)                                               # doctest: +SKIP
+        memfit watch: python train.py exited with code 0 after 312.4 s (625 samples)
+          peak    anon    3.1 GiB   file  412.0 MiB   total    3.5 GiB   (5 processes)
+          ...
+
+    Args:
+        command: the program and its arguments, e.g. ``["python", "train.py"]``.
+        interval: seconds between samples (a positive number).
+        workdir: the run's workdir; created if missing. A log already there is appended
+            to (a new ``start`` event begins this run).
+        status: where the live status line goes (anonymous RSS, peak, slope in MiB/min
+            over the last 30 s), redrawn in place; only drawn when it is a terminal.
+            ``None``: ``sys.stderr``.
+
+    Returns:
+        A :class:`WatchResult`; ``print`` it for peak, final, growth and the verdict.
+
+    Raises:
+        ValueError: for an empty command or a bad ``interval``, quoting the value.
+        MemfitError: if the workdir cannot be written or holds a file that is not a
+            memfit log (before the command starts).
+        CommandStartError: if the command does not exist (``exit_code`` 127) or cannot
+            be executed (126); nothing is written to the log then.
+    """
+    command = _check_command(command)
+    if (isinstance(interval, bool) or not isinstance(interval, int | float)
+            or not math.isfinite(interval) or interval <= 0):
+        raise ValueError(f"interval must be a positive number of seconds, such as 0.5. "
+                         f"Received: interval={interval!r}")
+    status = sys.stderr if status is None else status
+    wd = Workdir(workdir).create()
+    if wd.log.exists() and wd.log.stat().st_size > 0:
+        for _ in read_log(wd.log):      # LogError (a MemfitError) if it is not a memfit log
+            pass
+
+    since = time.time()
+    proc = _start(command, wd)
+    log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
+    started = time.time()
+    samples: list[Sample] = []
+    times: list[float] = []
+    anon: list[float] = []
+    peak: Sample | None = None
+    line = _StatusLine(status, started)
+    try:
+        with _forward_signals(proc):
+            next_at = started
+            while True:
+                try:
+                    s = sample(proc.pid, tree=True)
+                except ProcessLookupError:      # it ended (a zombie has no memory left)
+                    s = None
+                if s is not None:
+                    log.write("sample", **s.as_record())
+                    samples.append(s)
+                    times.append(s.t)
+                    anon.append(float(s.anon_or_total))
+                    peak = s if peak is None else _peak([peak, s])
+                    recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
+                              if x.t >= s.t - _STATUS_WINDOW]
+                    line.update(recent, peak)
+                next_at = max(next_at + interval, time.time())
+                try:
+                    proc.wait(timeout=max(0.0, next_at - time.time()))
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    except BaseException:
+        # Like subprocess.run: never leave the command running unattended.
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        raise
+    finally:
+        line.clear()
+    duration = time.time() - started
+    code = _exit_code(proc.returncode)
+    exit_fields = {"code": code, "duration": duration}
+    if proc.returncode < 0:
+        exit_fields["signal"] = -proc.returncode
+    log.write("exit", pid=proc.pid, **exit_fields)
+
+    epochs = _epoch_values(wd.log, since)
+    if len(epochs) >= MIN_EPOCH_EVENTS:
+        basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
+    else:
+        basis, verdict = "time slices", classify(_slice_medians(times, anon), warmup_epochs=1)
+    note = OUTSIDE_NOTE if verdict.kind == "leak" else None
+    log.write("verdict", source="watch", basis=basis, note=note,
+              **{**verdict.to_record(), "fix": _fix(verdict, basis)})
+    log.close()
+    final = samples[-1] if samples else None
+    growth = int(anon[-1] - anon[0]) if anon else 0
+    return WatchResult(exit_code=code, samples=len(samples), peak=peak, final=final,
+                       growth=growth, verdict=verdict, duration=duration, log_path=wd.log,
+                       command=tuple(command), basis=basis)

@@ -1,0 +1,145 @@
+"""The numbers of a report: one summary per process and the verdict(s) on the run.
+
+Example:
+    >>> from memfit.report import load
+    >>> from memfit.report.summary import summarize, verdicts
+    >>> data = load("runs/exp1")                                 # doctest: +SKIP
+    >>> [s.peak_anon for s in summarize(data)]                   # doctest: +SKIP
+    [1289748480]
+    >>> verdicts(data)[0].kind                                   # doctest: +SKIP
+    'leak'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memfit.memory.classify import EXPLANATIONS, classify
+from memfit.report.data import ProcessData, RunData, _number, anon
+
+__all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
+
+MIN_EPOCHS = 3          # epoch ends a process needs before the classifier is asked
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSummary:
+    """What one process did, in bytes and seconds (``None``: the log has no such number).
+
+    Attributes:
+        pid: the process.
+        command: its command from its ``start`` event (or the writer's, see
+            :attr:`memfit.report.ProcessData.command`).
+        source: the writer of that ``start`` event (``monitor``, ``watch``, ``run``...).
+        duration: seconds from its first record to its last.
+        samples: records with a memory number.
+        peak_anon: highest anonymous RSS sampled.
+        final_anon: anonymous RSS at its last sample.
+        growth: final minus first anonymous RSS.
+        peak_rss: highest total RSS (sampled, or the kernel's high-water mark if logged).
+        epochs: ``epoch_end`` events.
+        anon_is_total: the log had no anon/file split: the anon columns hold total RSS.
+    """
+
+    pid: int
+    command: str
+    duration: float
+    samples: int
+    peak_anon: float | None
+    final_anon: float | None
+    growth: float | None
+    peak_rss: float | None
+    epochs: int
+    anon_is_total: bool = False
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerdictSummary:
+    """A verdict on the run, with where it came from.
+
+    Attributes:
+        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``unknown``.
+        headline: one line with the numbers.
+        explanation: what the verdict means.
+        fix: what to do.
+        pid: the process judged (``None``: the whole log).
+        origin: ``"log"`` (a ``verdict`` event), ``"computed"`` (classified from the
+            ``epoch_end`` events here) or ``"too-few-epochs"``.
+        note: more from the ``verdict`` event (its ``basis`` and ``note``), if any.
+    """
+
+    kind: str
+    headline: str
+    explanation: str
+    fix: str
+    pid: int | None
+    origin: str
+    note: str = ""
+
+
+def _summary(process: ProcessData) -> ProcessSummary:
+    values = [anon(r) for r in process.samples]
+    totals = [v for r in process.records for v in (_number(r.get("rss")),
+                                                   _number(r.get("rss_peak"))) if v is not None]
+    return ProcessSummary(
+        pid=process.pid, command=process.command, duration=process.duration,
+        samples=len(values), peak_anon=max(values, default=None),
+        final_anon=values[-1] if values else None,
+        growth=values[-1] - values[0] if values else None,
+        peak_rss=max(totals, default=None), epochs=len(process.epoch_ends),
+        anon_is_total=process.anon_is_total, source=process.source)
+
+
+def summarize(data: RunData) -> tuple[ProcessSummary, ...]:
+    """One :class:`ProcessSummary` per process of the log, in order of first appearance."""
+    return tuple(_summary(p) for p in data.processes.values())
+
+
+def _from_event(record: dict) -> VerdictSummary:
+    kind = str(record.get("verdict") or record.get("kind") or "unknown")
+    explanation, fix = EXPLANATIONS.get(kind, ("", ""))
+    note = " ".join(filter(None, (f"Judged from {record['basis']}." if record.get("basis")
+                                  else "", str(record.get("note") or ""))))
+    return VerdictSummary(kind=kind, headline=str(record.get("headline") or kind),
+                          explanation=str(record.get("explanation") or explanation),
+                          fix=str(record.get("fix") or fix), pid=record["pid"], origin="log",
+                          note=note)
+
+
+def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
+    """The verdict(s) on a run.
+
+    The last ``verdict`` event of the log wins. Without one, each process with at least
+    three ``epoch_end`` events is classified from its anonymous RSS at those epoch ends
+    (``warmup_epochs`` from the ``start`` event, else the classifier's default). Without
+    those either, a single ``unknown`` verdict says why nothing can be judged.
+    """
+    logged = data.events("verdict")
+    if logged:
+        return (_from_event(logged[-1]),)
+    warmup = data.start.get("warmup_epochs")
+    kwargs = {"warmup_epochs": warmup} if isinstance(warmup, int) and warmup >= 0 else {}
+    out = []
+    for process in data.processes.values():
+        values = [v for v in (anon(r) for r in process.epoch_ends) if v is not None]
+        if len(values) >= MIN_EPOCHS:
+            v = classify(values, **kwargs)
+            out.append(VerdictSummary(v.kind, v.headline, v.explanation, v.fix, process.pid,
+                                      "computed"))
+    if out:
+        return tuple(out)
+    most = max((len(p.epoch_ends) for p in data.processes.values()), default=0)
+    if most == 0:
+        why = ("This log has no epoch_end events (memfit watch samples time only), so there "
+               "is nothing to compare from epoch to epoch.")
+    else:
+        why = (f"The longest-running process logged {most} epoch end"
+               f"{'s' if most > 1 else ''}; at least {MIN_EPOCHS} in one process are needed "
+               f"to tell growth from noise.")
+    return (VerdictSummary(
+        "unknown", f"unknown: too few epochs to judge ({most} epoch end"
+                   f"{'s' if most != 1 else ''} in the longest process)", why,
+        "Record epoch ends with memfit.MemoryMonitor in model.fit and train for at least "
+        f"{MIN_EPOCHS} epochs (more after a warm-up), then run memfit report again.",
+        None, "too-few-epochs"),)

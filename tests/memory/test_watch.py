@@ -1,0 +1,256 @@
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from memfit import exitcodes
+from memfit.cli import main
+from memfit.errors import MemfitError
+from memfit.memory.log import read_log
+from memfit.memory.watch import OUTSIDE_NOTE, CommandStartError, watch
+
+MiB = 2**20
+linux = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+
+
+def py(code: str, *args: object) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
+
+
+def events(log_path: Path) -> list[dict]:
+    return list(read_log(log_path))
+
+
+HOLD_IN_GRANDCHILD = """
+    import subprocess, sys
+    grandchild = ("import sys, time; b = b'x' * (100 * 2**20); "
+                  "open(sys.argv[1], 'w').close(); time.sleep(1.5)")
+    subprocess.run([sys.executable, "-c", grandchild, sys.argv[1]], check=True)
+"""
+
+
+@linux
+def test_peak_sums_the_tree_including_a_grandchild(tmp_path):
+    marker = tmp_path / "allocated"
+    result = watch(py(HOLD_IN_GRANDCHILD, marker), interval=0.1, workdir=tmp_path / "wd",
+                   status=io.StringIO())
+    assert result.exit_code == 0 and marker.exists()
+    samples = [r for r in events(result.log_path) if r["event"] == "sample"]
+    top = max(samples, key=lambda r: r.get("rss_anon", 0))
+    print(f"\nlog peak anon {top['rss_anon'] / MiB:.1f} MiB over {top['processes']} processes; "
+          f"result peak anon {result.peak.rss_anon / MiB:.1f} MiB, {result.samples} samples")
+    assert top["rss_anon"] >= 100 * MiB
+    assert top["processes"] >= 2                    # the child alone holds a few MiB
+    assert result.peak.rss_anon == max(r.get("rss_anon", 0) for r in samples)
+    assert result.peak.processes >= 2
+    assert result.samples == len(samples)
+
+
+def test_exit_code_passes_through_library_and_cli(tmp_path, capsys):
+    result = watch(py("import sys; sys.exit(3)"), workdir=tmp_path / "a", status=io.StringIO())
+    assert result.exit_code == 3
+    rc = main(["watch", "--workdir", str(tmp_path / "b"), "--", *py("import sys; sys.exit(3)")])
+    assert rc == 3
+    err = capsys.readouterr().err
+    assert "exited with code 3" in err and "verdict" in err
+    exit_events = [r for r in events(tmp_path / "b" / "memory.jsonl") if r["event"] == "exit"]
+    assert [e["code"] for e in exit_events] == [3]
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_the_signal(tmp_path):
+    result = watch(py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                   workdir=tmp_path, status=io.StringIO())
+    assert result.exit_code == 128 + signal.SIGKILL
+    exit_event = next(r for r in events(result.log_path) if r["event"] == "exit")
+    assert exit_event["code"] == 137 and exit_event["signal"] == signal.SIGKILL
+
+
+def test_missing_command_gives_127_and_a_one_line_message(tmp_path, capsys):
+    with pytest.raises(CommandStartError, match="command not found: 'nosuchcmd-memfit'") as e:
+        watch(["nosuchcmd-memfit", "--flag"], workdir=tmp_path / "a")
+    assert e.value.exit_code == exitcodes.NOT_FOUND
+    assert not (tmp_path / "a" / "memory.jsonl").exists()      # nothing ran, nothing logged
+    rc = main(["watch", "--workdir", str(tmp_path / "b"), "--", "nosuchcmd-memfit"])
+    assert rc == 127
+    err = capsys.readouterr().err
+    assert err.startswith("memfit watch: error: command not found: 'nosuchcmd-memfit'")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unwritable_workdir_errors_before_the_command_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    marker = tmp_path / "ran"
+    command = py("import sys; open(sys.argv[1], 'w').close()", marker)
+    with pytest.raises(MemfitError, match="Cannot create the workdir"):
+        watch(command, workdir=tmp_path / "file" / "wd")
+    rc = main(["watch", "--workdir", str(tmp_path / "file" / "wd"), "--", *command])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit watch: error: Cannot create the workdir") and str(tmp_path) in err
+    assert not marker.exists()
+
+
+def test_a_workdir_holding_a_foreign_log_errors_before_the_command_runs(tmp_path):
+    (tmp_path / "memory.jsonl").write_text("precious,data\n1,2\n")
+    marker = tmp_path / "ran"
+    with pytest.raises(MemfitError, match="is not a memfit log"):
+        watch(py("import sys; open(sys.argv[1], 'w').close()", marker), workdir=tmp_path)
+    assert not marker.exists()
+    assert (tmp_path / "memory.jsonl").read_text() == "precious,data\n1,2\n"
+
+
+def test_bad_arguments_quote_the_value(tmp_path):
+    with pytest.raises(ValueError, match=r"interval=0\b"):
+        watch(py("pass"), interval=0, workdir=tmp_path)
+    with pytest.raises(ValueError, match="shlex.split"):
+        watch("python train.py", workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"command=\[\]"):
+        watch([], workdir=tmp_path)
+
+
+def test_missing_command_after_dashes_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["watch", "--workdir", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: memfit watch") and "after '--'" in err
+
+
+def test_the_log_is_a_memfit_log_with_start_samples_exit_and_verdict(tmp_path):
+    command = py("import time; time.sleep(0.6)")
+    result = watch(command, interval=0.1, workdir=tmp_path, status=io.StringIO())
+    records = events(tmp_path / "memory.jsonl")
+    kinds = [r["event"] for r in records]
+    assert kinds[0] == "start" and kinds[-2:] == ["exit", "verdict"]
+    assert set(kinds) == {"start", "sample", "exit", "verdict"}
+    start, exit_event, verdict = records[0], records[-2], records[-1]
+    assert start["source"] == "watch" and start["command"] == command
+    samples = [r for r in records if r["event"] == "sample"]
+    assert len(samples) == result.samples >= 1
+    assert {r["pid"] for r in samples} == {exit_event["pid"]} != {start["pid"]}
+    assert all(r["rss"] > 0 for r in samples)
+    assert exit_event["code"] == 0
+    assert verdict["verdict"] == result.verdict.kind and verdict["basis"] == "time slices"
+    assert result.final.t == samples[-1]["t"]
+    assert result.growth == (samples[-1].get("rss_anon", samples[-1]["rss"])
+                             - samples[0].get("rss_anon", samples[0]["rss"]))
+
+
+LEAK = """
+    import time
+    kept = []
+    for _ in range(15):
+        kept.append(b"x" * (10 * 2**20))
+        time.sleep(0.2)
+"""
+FLAT = """
+    import time
+    held = b"x" * (100 * 2**20)
+    time.sleep(3)
+"""
+
+
+@linux
+def test_a_steady_leak_is_a_leak_and_a_flat_run_is_not(tmp_path):
+    leak = watch(py(LEAK), interval=0.1, workdir=tmp_path / "leak", status=io.StringIO())
+    flat = watch(py(FLAT), interval=0.1, workdir=tmp_path / "flat", status=io.StringIO())
+    for name, r in (("leak", leak), ("flat", flat)):
+        print(f"\n{name}: {r.verdict.headline}; peak {r.peak.rss_anon / MiB:.1f} MiB, "
+              f"growth {r.growth / MiB:+.1f} MiB, {r.samples} samples")
+    assert leak.verdict.kind == "leak" and leak.basis == "time slices"
+    assert leak.peak.rss_anon >= 150 * MiB
+    assert leak.note == OUTSIDE_NOTE and OUTSIDE_NOTE in str(leak)
+    assert leak.verdict.fix in str(leak) and leak.verdict.headline in str(leak)
+    assert flat.verdict.kind in ("stable", "warm-up")
+    assert flat.note is None and "Note:" not in str(flat)
+    verdict_event = events(leak.log_path)[-1]
+    assert verdict_event["verdict"] == "leak" and verdict_event["note"] == OUTSIDE_NOTE
+
+
+EPOCHS = """
+    import sys
+    from memfit.memory.log import MemoryLog
+    log = MemoryLog(sys.argv[1], source="monitor", header=False)
+    for epoch, mib in enumerate([200, 300, 400, 500, 600]):   # a leak, as a monitor saw it
+        log.write("epoch_end", epoch=epoch, rss_anon=mib * 2**20, rss_file=0, rss=mib * 2**20)
+    log.close()
+"""
+
+
+def test_epoch_end_events_in_the_log_decide_the_verdict_of_that_run_only(tmp_path):
+    first = watch(py(EPOCHS, tmp_path / "memory.jsonl"), interval=0.1, workdir=tmp_path,
+                  status=io.StringIO())
+    assert first.basis == "epochs"
+    assert first.verdict.kind == "leak" and first.verdict.epochs == 5
+    assert first.verdict.slope == 100 * MiB
+    second = watch(py("import time; time.sleep(0.3)"), interval=0.1, workdir=tmp_path,
+                   status=io.StringIO())
+    assert second.basis == "time slices"              # the first run's epochs are not reused
+    records = events(tmp_path / "memory.jsonl")
+    assert [r["event"] for r in records].count("start") == 2
+    assert [r["basis"] for r in records if r["event"] == "verdict"] == ["epochs", "time slices"]
+
+
+def test_a_short_run_is_unknown_and_says_how_to_watch_it(tmp_path):
+    result = watch(py("pass"), interval=1, workdir=tmp_path, status=io.StringIO())
+    assert result.verdict.kind == "unknown"
+    assert "too short" in str(result)
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_status_only_on_a_terminal(tmp_path):
+    terminal, pipe = FakeTerminal(), io.StringIO()
+    command = py(LEAK.replace("range(15)", "range(5)"))
+    watch(command, interval=0.1, workdir=tmp_path / "tty", status=terminal)
+    watch(command, interval=0.1, workdir=tmp_path / "pipe", status=pipe)
+    text = terminal.getvalue()
+    assert text.startswith("\rmemfit watch: anon") and text.endswith("\r\x1b[K")
+    assert "\n" not in text and "peak" in text and "MiB/min" in text
+    assert pipe.getvalue() == ""
+
+
+TRAP = """
+    import signal, sys, time
+    def stop(signum, frame):
+        open(sys.argv[1], "w").write(signal.Signals(signum).name)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    open(sys.argv[2], "w").close()
+    time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_are_forwarded_and_the_verdict_is_still_written(tmp_path, signum):
+    got, ready = tmp_path / "got", tmp_path / "ready"
+    memfit = Path(sys.executable).parent / "memfit"
+    proc = subprocess.Popen([str(memfit), "watch", "--interval", "0.1", "--workdir",
+                             str(tmp_path / "wd"), "--", *py(TRAP, got, ready)],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 7
+    assert got.read_text() == signum.name
+    assert "exited with code 7" in err and "Traceback" not in err
+    kinds = [r["event"] for r in events(tmp_path / "wd" / "memory.jsonl")]
+    assert kinds[-2:] == ["exit", "verdict"]
