@@ -8,11 +8,14 @@ Every line has ``t`` (Unix time), ``pid`` and ``event``. The first line of a log
     {"t": ..., "pid": 4242, "event": "sample", "rss": ..., "rss_anon": ..., "rss_file": ...}
     {"t": ..., "pid": 4242, "event": "epoch_end", "epoch": 0, "rss_anon": ..., ...}
 
-Events: ``start``, ``sample`` (periodic), ``batch`` (every n batches), ``epoch_end``,
-``trim`` (``released`` bytes), ``verdict`` (the classifier's result), ``restart``,
-``exit`` (``code``), ``stop``. Memory fields are bytes and come from the probe
-(:class:`memfit.memory.Sample` plus optional ``py_heap``, ``gpu``, ``nvml``); a source
-that was not available is left out, never written as zero.
+Events: ``start``, ``sample`` (periodic; ``scope: "tree"`` when it sums a process tree,
+as ``memfit watch`` does), ``train_begin``/``train_end``, ``batch`` (every n batches),
+``epoch_end`` (``epoch``), ``trim`` (``released`` bytes), ``verdict`` (the classifier's
+result), ``restart``, ``exit`` (``code``), ``stop``. Memory fields are bytes and come
+from the probe (:class:`memfit.memory.Sample`: ``rss``, ``rss_anon``, ``rss_file``,
+``rss_shmem``, ``rss_peak``, ``processes``; plus optional ``py_heap``, ``gpu``,
+``nvml``); a source that was not available is left out, never written as zero. Several
+runs may append to one log, each beginning with its own ``start``.
 
 Example:
     >>> import tempfile, pathlib
@@ -117,7 +120,7 @@ def read_log(path: str | os.PathLike) -> Iterator[dict]:
             record = json.loads(line)
             ok = isinstance(record, dict) and {"t", "pid", "event"} <= set(record)
         except json.JSONDecodeError:
-            if number == len(lines):
+            if number == len(lines) > 1:
                 return                          # the last line was cut short
             ok = False
         if number == 1 and not (ok and record.get("format") == FORMAT):

@@ -77,6 +77,13 @@ class MemoryMonitor(keras.callbacks.Callback):
             require_trim("MemoryMonitor(trim='epoch')")
         if on_leak not in _ON_LEAK:
             raise ValueError(f"on_leak must be one of {_ON_LEAK}. Received: on_leak={on_leak!r}")
+        if tensorboard_dir is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ValueError(f"tensorboard_dir needs the tensorboard package: pip install "
+                                 f"tensorboard (or memfit[tensorboard]). Received: "
+                                 f"tensorboard_dir={tensorboard_dir!r}")
         self.workdir = Workdir(default_workdir() if workdir is None else workdir).create()
         self.every_n_batches = every_n_batches
         self.warmup_epochs = warmup_epochs

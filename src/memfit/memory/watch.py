@@ -377,7 +377,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
                 except ProcessLookupError:      # it ended (a zombie has no memory left)
                     s = None
                 if s is not None:
-                    log.write("sample", **s.as_record())
+                    log.write("sample", scope="tree", **s.as_record())
                     samples.append(s)
                     times.append(s.t)
                     anon.append(float(s.anon_or_total))

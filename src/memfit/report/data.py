@@ -64,8 +64,14 @@ class ProcessData:
 
     @property
     def samples(self) -> tuple[dict, ...]:
-        """Records that carry a memory number (``sample``, ``batch``, ``epoch_end``...)."""
-        return tuple(r for r in self.records if anon(r) is not None)
+        """Records that carry a memory number (``sample``, ``batch``, ``epoch_end``...).
+
+        Where ``memfit watch`` sampled this process's whole tree (``scope: "tree"``), those
+        samples alone make the line: a MemoryMonitor inside measures the process only.
+        """
+        rows = [r for r in self.records if anon(r) is not None]
+        tree = [r for r in rows if r.get("scope") == "tree"]
+        return tuple(tree or rows)
 
     @property
     def epoch_ends(self) -> tuple[dict, ...]:

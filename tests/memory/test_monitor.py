@@ -1,0 +1,121 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import memfit
+from memfit import exitcodes
+from memfit.errors import MemfitError
+from memfit.memory.log import LogError, MemoryLog, read_log
+
+
+def tiny_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_fit_writes_the_shared_log_and_tensorboard_scalars(tmp_path):
+    x, y = np.ones((64, 4), np.float32), np.ones(64, np.float32)
+    monitor = memfit.MemoryMonitor(tmp_path / "wd", every_n_batches=2, verbose=0,
+                                   tensorboard_dir=str(tmp_path / "tb"), trim="epoch")
+    tiny_model().fit(x, y, batch_size=16, epochs=5, callbacks=[monitor], verbose=0)
+    records = list(read_log(tmp_path / "wd" / "memory.jsonl"))
+    events = [r["event"] for r in records]
+    assert events[0] == "start" and records[0]["source"] == "monitor"
+    assert events.count("epoch_end") == 5 and events.count("batch") == 10
+    assert events.count("trim") == 5
+    assert monitor.verdict is not None and monitor.verdict.kind in ("stable", "warm-up")
+    assert list(monitor.epoch_values) == [r["rss_anon"] for r in records
+                                          if r["event"] == "epoch_end"]
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"every_n_batches": -1}, "every_n_batches=-1"),
+    ({"warmup_epochs": "2"}, "warmup_epochs='2'"),
+    ({"trim": "batch"}, "trim='batch'"),
+    ({"on_leak": "panic"}, "on_leak='panic'"),
+    ({"budget": "lots"}, "budget='lots'"),
+])
+def test_bad_arguments_quote_the_value(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        memfit.MemoryMonitor(tmp_path, **kwargs)
+
+
+def test_unwritable_workdir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(MemfitError, match="is a file"):
+        memfit.MemoryMonitor(blocker)
+    with pytest.raises(MemfitError, match="Cannot create the workdir"):
+        memfit.MemoryMonitor(blocker / "sub")
+
+
+def test_workdir_defaults_to_the_supervisors(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFIT_WORKDIR", str(tmp_path / "from-env"))
+    assert memfit.MemoryMonitor(verbose=0).workdir.path == tmp_path / "from-env"
+
+
+def _leaky_epochs(monitor, model=None, epochs=8):
+    kept = []
+    monitor.set_model(model) if model is not None else None
+    monitor.on_train_begin()
+    for epoch in range(epochs):
+        kept.append(np.ones(24 * 2**20, np.uint8))            # a real leak: 24 MiB/epoch
+        monitor.on_epoch_end(epoch)
+        if model is not None and model.stop_training:
+            return epoch
+    return None
+
+
+def test_on_leak_stop_stops_training(tmp_path):
+    model = tiny_model()
+    monitor = memfit.MemoryMonitor(tmp_path, on_leak="stop", verbose=0, budget="64GiB")
+    stopped_at = _leaky_epochs(monitor, model)
+    assert stopped_at == 3                                    # first epoch with a verdict
+    assert monitor.verdict.kind == "leak" and monitor.verdict.epochs_to_budget > 100
+    assert any(r["event"] == "stop" for r in read_log(tmp_path / "memory.jsonl"))
+
+
+def test_on_leak_restart_checkpoints_and_exits_with_the_restart_code(tmp_path):
+    script = textwrap.dedent(f"""
+        import numpy as np, keras, memfit
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        monitor = memfit.MemoryMonitor({str(tmp_path)!r}, on_leak="restart", verbose=0)
+        monitor.set_model(model)
+        monitor.on_train_begin()
+        kept = []
+        for epoch in range(8):
+            kept.append(np.ones(24 * 2**20, np.uint8))
+            monitor.on_epoch_end(epoch)
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == exitcodes.RESTART, out.stderr[-2000:]
+    assert (tmp_path / "checkpoints" / "leak-restart.keras").stat().st_size > 0
+    last = list(read_log(tmp_path / "memory.jsonl"))[-1]
+    assert last["event"] == "exit" and last["code"] == exitcodes.RESTART
+
+
+def test_read_log_refuses_other_files(tmp_path):
+    csv = tmp_path / "a.csv"
+    csv.write_text("t,rss\n")
+    with pytest.raises(LogError, match="not a memfit log"):
+        list(read_log(csv))
+    other = tmp_path / "b.jsonl"
+    other.write_text(json.dumps({"t": 1, "pid": 1, "event": "x"}) + "\n")
+    with pytest.raises(LogError, match="not a memfit log"):
+        list(read_log(other))
+    good = tmp_path / "c.jsonl"
+    with MemoryLog(good, source="test") as log:
+        log.write("sample", rss=1)
+    with open(good, "a") as f:
+        f.write('{"t": 2, "pid"')                              # a writer killed mid-line
+    assert [r["event"] for r in read_log(good)] == ["start", "sample"]
