@@ -23,7 +23,8 @@ def tiny_model():
 def test_fit_writes_the_shared_log_and_tensorboard_scalars(tmp_path):
     x, y = np.ones((64, 4), np.float32), np.ones(64, np.float32)
     monitor = memfit.MemoryMonitor(tmp_path / "wd", every_n_batches=2, verbose=0,
-                                   tensorboard_dir=str(tmp_path / "tb"), trim="epoch")
+                                   tensorboard_dir=str(tmp_path / "tb"), trim="epoch",
+                                   report=True)
     tiny_model().fit(x, y, batch_size=16, epochs=5, callbacks=[monitor], verbose=0)
     records = list(read_log(tmp_path / "wd" / "memory.jsonl"))
     events = [r["event"] for r in records]
@@ -34,6 +35,9 @@ def test_fit_writes_the_shared_log_and_tensorboard_scalars(tmp_path):
     assert list(monitor.epoch_values) == [r["rss_anon"] for r in records
                                           if r["event"] == "epoch_end"]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+    html = (tmp_path / "wd" / "report.html").read_text()
+    assert "data:image/png;base64," in html and monitor.verdict.kind in html
+    assert (tmp_path / "wd" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -254,3 +254,24 @@ def test_signals_are_forwarded_and_the_verdict_is_still_written(tmp_path, signum
     assert "exited with code 7" in err and "Traceback" not in err
     kinds = [r["event"] for r in events(tmp_path / "wd" / "memory.jsonl")]
     assert kinds[-2:] == ["exit", "verdict"]
+
+
+def test_watch_report_flag_and_a_monitor_inside_share_the_workdir(tmp_path, capsys):
+    """The watched script's MemoryMonitor finds the workdir through MEMFIT_WORKDIR."""
+    script = (
+        "import numpy as np, memfit\n"
+        "m = memfit.MemoryMonitor(verbose=0, every_n_batches=0)\n"
+        "m.on_train_begin(); kept = []\n"
+        "for e in range(6):\n"
+        "    kept.append(np.ones(16 * 2**20, np.uint8)); m.on_epoch_end(e)\n"
+        "m.on_train_end()\n")
+    rc = main(["watch", "--report", "--interval", "0.1", "--workdir", str(tmp_path / "w"),
+               "--", sys.executable, "-c", script])
+    assert rc == 0
+    records = list(read_log(tmp_path / "w" / "memory.jsonl"))
+    sources = {r.get("source") for r in records if r["event"] == "start"}
+    assert sources == {"watch", "monitor"}
+    assert sum(r["event"] == "epoch_end" for r in records) == 6
+    assert any(r.get("scope") == "tree" for r in records if r["event"] == "sample")
+    assert (tmp_path / "w" / "report.html").exists()
+    assert "report:" in capsys.readouterr().err

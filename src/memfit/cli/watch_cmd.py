@@ -10,6 +10,7 @@ examples:
   memfit watch -- python train.py --epochs 20
   memfit watch --workdir runs/leak -- python examples/leaky_script.py
   memfit report runs/leak
+  memfit watch --report --workdir runs/exp -- python train.py
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between samples (default: 0.5)")
     p.add_argument("--workdir", default="memfit-watch", metavar="DIR",
                    help="where the log memory.jsonl goes (default: memfit-watch)")
+    p.add_argument("--report", action="store_true",
+                   help="write WORKDIR/report.html and timeline.png at exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, action=_Command, metavar="-- CMD ...",
                    help="the command to run, after '--'")
 
@@ -54,4 +57,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"memfit watch: error: {e}", file=sys.stderr)
         return e.exit_code
     print(result, file=sys.stderr)
+    if args.report:
+        from memfit.report import write_report
+
+        report = write_report(args.workdir)
+        print(f"report: {report.html}", file=sys.stderr)
     return result.exit_code

@@ -56,6 +56,8 @@ class MemoryMonitor(keras.callbacks.Callback):
             ``memory/gpu_peak`` on a GPU) scalars there.
         python_heap: also log the Python heap from ``tracemalloc`` (started if needed;
             costly).
+        report: at the end of training, write ``WORKDIR/report.html`` and ``timeline.png``
+            (as ``memfit report WORKDIR`` does).
         verbose: 1 prints the verdict when it changes and at the end of training; 0 silent.
     """
 
@@ -63,7 +65,7 @@ class MemoryMonitor(keras.callbacks.Callback):
                  every_n_batches: int = 100, warmup_epochs: int = 1,
                  budget: str | int | None = None, trim: str | None = None,
                  on_leak: str = "warn", tensorboard_dir: str | None = None,
-                 python_heap: bool = False, verbose: int = 1):
+                 python_heap: bool = False, report: bool = False, verbose: int = 1):
         super().__init__()
         if not isinstance(every_n_batches, int) or every_n_batches < 0:
             raise ValueError(f"every_n_batches must be an integer >= 0. "
@@ -92,6 +94,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.on_leak = on_leak
         self.python_heap = python_heap
         self.verbose = verbose
+        self.report = report
         self.tensorboard_dir = tensorboard_dir
         self.epoch_values: list[int] = []
         self.verdict: Verdict | None = None
@@ -202,3 +205,9 @@ class MemoryMonitor(keras.callbacks.Callback):
                   file=sys.stderr)
         self.log.close()
         self.log = None
+        if self.report:
+            from memfit.report import write_report
+
+            written = write_report(self.workdir.path)
+            if self.verbose:
+                print(f"  report: {written.html}", file=sys.stderr)
