@@ -101,6 +101,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.log: MemoryLog | None = None
         self._writer: Any = None
         self._step = 0
+        self._said: str | None = None
 
     @property
     def log_path(self):
@@ -165,6 +166,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write("verdict", epoch=epoch, **self.verdict.to_record())
             if self.verbose:
                 print(f"\nmemfit: {self.verdict.headline}", file=sys.stderr)
+                self._said = self.verdict.kind
         if self.verdict.kind == "leak":
             self._act(epoch)
 
@@ -201,8 +203,9 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
                                     budget=self.budget)
         if self.verbose:
-            print(f"memfit: {self.verdict.headline}\n  log: {self.workdir.log}",
-                  file=sys.stderr)
+            said = self._said == self.verdict.kind
+            print(("" if said else f"memfit: {self.verdict.headline}\n")
+                  + f"  memory log: {self.workdir.log}", file=sys.stderr)
         self.log.close()
         self.log = None
         if self.report:
