@@ -54,8 +54,9 @@ EXPLANATIONS = {
         "tf.data.Dataset rebuilt every epoch, or a global list that keeps batches.",
         "Find the reference that grows and remove it (clear_session() between models, "
         "tensors instead of Python numbers into tf.function, build datasets once). Until "
-        "then, `memfit run --max-rss SIZE -- python train.py` restarts the process before "
-        "it runs out of memory and resumes exactly."),
+        "then, MemoryMonitor(budget=..., on_leak='stop') stops training cleanly, or "
+        "on_leak='restart' saves the model and exits with code 75 for a wrapper to start "
+        "the process again."),
     "allocator-retention": (
         "RSS grew, but a malloc_trim(0) probe gave most of it back: the memory had been "
         "freed, and glibc kept it in its arenas for reuse. This looks like a leak in "

@@ -51,7 +51,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         on_leak: on a ``leak`` verdict: ``"warn"`` prints it; ``"stop"`` also stops
             training cleanly (``model.stop_training``); ``"restart"`` saves the model to
             ``WORKDIR/checkpoints/leak-restart.keras`` and exits the process with
-            ``memfit.exitcodes.RESTART`` (75) for ``memfit run`` to start it again.
+            ``memfit.exitcodes.RESTART`` (75) for a supervisor to start it again.
         tensorboard_dir: also write ``memory/rss_anon``, ``memory/rss_file`` (and
             ``memory/gpu_peak`` on a GPU) scalars there.
         python_heap: also log the Python heap from ``tracemalloc`` (started if needed;

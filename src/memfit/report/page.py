@@ -59,8 +59,9 @@ def _verdict_html(v: VerdictSummary) -> str:
               "too-few-epochs": "not enough epoch ends to classify"}[v.origin]
     who = f"pid {v.pid}, " if v.pid is not None else ""
     color = _KIND_COLORS.get(v.kind, "#616161")
+    headline = v.headline.removeprefix(f"{v.kind}: ")    # the kind is the label already
     return (f'<div class="verdict" style="--c: {color}"><span class="kind">{escape(v.kind)}'
-            f'</span>{escape(v.headline)} <span class="origin">({escape(who + origin)})</span>'
+            f'</span>{escape(headline)} <span class="origin">({escape(who + origin)})</span>'
             f"<p>{escape(v.explanation)}</p>"
             + (f"<p>{escape(v.note)}</p>" if v.note else "")
             + f"<p><b>Fix:</b> {escape(v.fix)}</p></div>")
