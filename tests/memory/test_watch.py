@@ -170,7 +170,10 @@ def test_a_steady_leak_is_a_leak_and_a_flat_run_is_not(tmp_path):
     assert flat.verdict.kind in ("stable", "warm-up")
     assert flat.note is None and "Note:" not in str(flat)
     verdict_event = events(leak.log_path)[-1]
-    assert verdict_event["verdict"] == "leak" and verdict_event["note"] == OUTSIDE_NOTE
+    samples = [r for r in events(leak.log_path) if r["event"] == "sample"]
+    assert verdict_event["verdict"] == "leak"
+    assert verdict_event["pid"] == samples[-1]["pid"]          # about the command, not us
+    assert "No malloc_trim(0) probe ran" in verdict_event["explanation"]
 
 
 EPOCHS = """

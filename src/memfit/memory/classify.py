@@ -123,6 +123,8 @@ class Verdict:
             return f"unknown: too few epochs after warm-up to judge ({self.epochs} samples)"
         text = (f"{self.kind}: {format_size(self.growth, signed=True)} after warm-up, "
                 f"{format_size(self.slope, signed=True)}/epoch over {self.epochs} epochs")
+        if self.kind in ("stable", "warm-up"):
+            text += f" (within the noise threshold of {format_size(self.noise)} a run)"
         if self.released is not None:
             text += f"; malloc_trim gave back {format_size(self.released)}"
         if self.epochs_to_budget is not None:

@@ -52,9 +52,9 @@ SLICES = 10                  # time slices standing in for epochs when the log h
 MIN_EPOCH_EVENTS = 3         # epoch_end events needed to classify them instead of slices
 _STATUS_WINDOW = 30.0        # seconds of recent samples behind the live slope
 _STATUS_MAX_SAMPLES = 60     # ... at most this many (Theil-Sen is quadratic)
-OUTSIDE_NOTE = ("retention cannot be ruled out from outside; run with "
+OUTSIDE_NOTE = ("Retention cannot be ruled out from outside: run with "
                 "MemoryMonitor(trim='epoch') in the script to tell a leak from allocator "
-                "retention")
+                "retention.")
 SHORT_FIX = ("The run was too short to judge: samples are needed in at least 4 of its 10 time "
              "slices (lower --interval for a short run), or write epoch_end events with "
              "MemoryMonitor(WORKDIR) in the script.")
@@ -412,8 +412,9 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
     else:
         basis, verdict = "time slices", classify(_slice_medians(times, anon), warmup_epochs=1)
-    note = OUTSIDE_NOTE if verdict.kind == "leak" else None
-    log.write("verdict", source="watch", basis=basis, note=note,
+    # The verdict is about the command: log it under the command's pid. (The explanation
+    # of a leak already says that no trim probe could run from outside.)
+    log.write("verdict", pid=proc.pid, source="watch", basis=basis,
               **{**verdict.to_record(), "fix": _fix(verdict, basis)})
     log.close()
     final = samples[-1] if samples else None

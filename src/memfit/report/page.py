@@ -72,8 +72,6 @@ def _process_rows(summaries: tuple[ProcessSummary, ...]) -> str:
     for s in summaries:
         mark = "*" if s.anon_is_total else ""
         source = f' <span class="src">{escape(s.source)}</span>' if s.source else ""
-        if not s.samples:
-            source += ' <span class="note">(writes the log; no samples of its own)</span>'
         cells = [f'<td class="n">{s.pid}</td>',
                  f'<td class="cmd">{escape(s.command) or "—"}{source}</td>',
                  f'<td class="n">{format_duration(s.duration)}</td>',
@@ -125,14 +123,14 @@ def render(data: RunData, png: bytes, *, summaries: tuple[ProcessSummary, ...] |
         "<h1>memfit report</h1>",
         f'<p class="meta"><code>{escape(str(data.log))}</code> · written by {escape(writer)}'
         f" · {_when(data.first_t)} → {_when(data.last_t)} ({format_duration(data.duration)})"
-        f" · {len(data.processes)} process{'es' if len(data.processes) != 1 else ''}"
+        f" · {len(summaries)} process{'es' if len(summaries) != 1 else ''}"
         f" · {len(data.records)} records</p>",
         "<h2>Verdict</h2>", *(_verdict_html(v) for v in judged),
         "<h2>Timeline</h2>",
         f'<img alt="memory timeline" src="data:image/png;base64,{image}">',
         '<p class="note">Anonymous RSS (solid) is what running out of memory is about; '
-        "file-backed RSS (dashed) is page cache the kernel can drop. Dotted grey lines are "
-        "epoch ends.</p>",
+        "file-backed RSS (dashed) is page cache the kernel can drop."
+        + (" Dotted grey lines are epoch ends." if data.events("epoch_end") else "") + "</p>",
         "<h2>Processes</h2>",
         "<table><thead><tr><th>pid</th><th>command / source</th><th>duration</th>"
         "<th>samples</th><th>peak anon RSS</th><th>final anon RSS</th>"

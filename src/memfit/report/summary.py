@@ -93,7 +93,8 @@ def _summary(process: ProcessData) -> ProcessSummary:
 
 def summarize(data: RunData) -> tuple[ProcessSummary, ...]:
     """One :class:`ProcessSummary` per process of the log, in order of first appearance."""
-    return tuple(_summary(p) for p in data.processes.values())
+    # A writer that only sampled others (the `memfit watch` process) is not a row.
+    return tuple(_summary(p) for p in data.processes.values() if p.samples or p.epoch_ends)
 
 
 def _from_event(record: dict) -> VerdictSummary:
