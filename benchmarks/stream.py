@@ -291,15 +291,20 @@ def shuffle_quality(path: Path, n: int, budget: str, window: int) -> dict[str, d
 
 # -- peak RSS of a child --------------------------------------------------------------------
 
-def child_peak(path: Path, budget: str) -> dict:
+def run_child(code: str, *args: str, what: str) -> dict:
+    """Runs ``code`` in a fresh Python; returns the JSON object of its last ``{`` line."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), budget], env=env,
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env,
                           capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"the streaming child for {path} failed (exit {proc.returncode}):\n"
+        raise SystemExit(f"the {what} child failed (exit {proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1])
+    return json.loads(lines[-1])
+
+
+def child_peak(path: Path, budget: str) -> dict:
+    result = run_child(CHILD, str(path), budget, what=f"streaming ({path})")
     log(f"rss: {path.name}: {result['samples']:,} samples in {result['seconds']:.1f} s, "
         f"baseline anon {size(result['baseline_anon'])}, peak anon "
         f"{size(result['peak_anon'])}, peak total {size(result['peak_rss'])}")
@@ -324,13 +329,7 @@ print(json.dumps({"bytes": r.bytes, "seconds": r.seconds,
 
 
 def pack_peak(source: dict[str, Path], scratch: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PACK_CHILD, str(source["x"].parent),
-                           str(scratch)], capture_output=True, text=True, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"the packing child failed (exit {proc.returncode}):\n"
-                         f"{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1])
+    result = run_child(PACK_CHILD, str(source["x"].parent), str(scratch), what="packing")
     log(f"pack rss: {size(result['bytes'])} packed in {result['seconds']:.1f} s, anon growth "
         f"{size(result['anon_growth'])}, peak file-backed {size(result['peak_file'])}")
     return result

@@ -41,9 +41,9 @@ def make_images(workdir: Path, samples: int, seed: int = 0) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default="demo-workdir")
-    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=60_000)
     parser.add_argument("--budget", default="64MiB", help="memory budget of the input pipeline")
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

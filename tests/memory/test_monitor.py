@@ -82,7 +82,7 @@ def test_on_leak_stop_stops_training(tmp_path):
     model = tiny_model()
     monitor = memfit.MemoryMonitor(tmp_path, on_leak="stop", verbose=0, budget="64GiB")
     stopped_at = _leaky_epochs(monitor, model)
-    assert stopped_at == 3                                    # first epoch with a verdict
+    assert stopped_at == 4                                    # first epoch with a verdict
     assert monitor.verdict.kind == "leak" and monitor.verdict.epochs_to_budget > 100
     assert any(r["event"] == "stop" for r in read_log(tmp_path / "memory.jsonl"))
 

@@ -116,7 +116,7 @@ def test_too_few_epochs_are_said_so(tmp_path, capsys):
     result = write_report(tmp_path / "short.jsonl")
     assert [(v.kind, v.origin) for v in result.verdicts] == [("unknown", "too-few-epochs")]
     assert "too few epochs" in result.headline
-    assert "at least 3" in result.html.read_text()
+    assert "at least 5" in result.html.read_text()
 
 
 def test_everything_from_the_log_is_escaped(tmp_path):

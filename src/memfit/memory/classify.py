@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 
 from memfit.memory.sizes import format_size
 
-__all__ = ["Verdict", "classify", "theil_sen", "EXPLANATIONS"]
+__all__ = ["Verdict", "classify", "theil_sen", "EXPLANATIONS", "MIN_VALUES"]
+
+MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 
 MIN_GROWTH = 8 * 2**20          # below this, growth over the run is noise on any machine
 NOISE_FACTOR = 4.0              # growth must exceed this many MADs of the residuals
@@ -66,7 +68,7 @@ EXPLANATIONS = {
         "not needed."),
     "unknown": (
         "Too few epochs after the warm-up to tell growth from noise.",
-        "Train for more epochs (at least 3 after warmup_epochs) or lower warmup_epochs."),
+        "Train for more epochs (at least 4 after warmup_epochs) or lower warmup_epochs."),
 }
 
 
@@ -160,7 +162,7 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
         raise ValueError(f"warmup_epochs must be >= 0. Received: warmup_epochs={warmup_epochs}")
     values = [float(v) for v in values]
     after = values[warmup_epochs:]
-    if len(after) < 3:
+    if len(after) < MIN_VALUES:     # three points cannot tell slow warm-up from a leak
         return Verdict("unknown", 0.0, int(values[-1] - values[0]) if values else 0, 0.0,
                        len(values))
     slope = theil_sen(after)

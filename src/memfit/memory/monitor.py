@@ -11,7 +11,7 @@ import keras
 
 from memfit import exitcodes
 from memfit.atomic import temporary_name
-from memfit.memory.classify import Verdict, classify
+from memfit.memory.classify import MIN_VALUES, Verdict, classify
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.memory.sizes import format_size, parse_size
@@ -156,7 +156,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write("trim", released=released, epoch=epoch)
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
-        if len(self.epoch_values) - self.warmup_epochs < 3:
+        if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES:
             return
         previous = self.verdict.kind if self.verdict else None
         self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,

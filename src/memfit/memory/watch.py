@@ -40,7 +40,7 @@ from typing import TextIO
 
 from memfit import exitcodes
 from memfit.errors import MemfitError
-from memfit.memory.classify import Verdict, classify, theil_sen
+from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, sample
 from memfit.memory.sizes import format_size
@@ -49,13 +49,13 @@ from memfit.workdir import WORKDIR_ENV, Workdir
 __all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
-MIN_EPOCH_EVENTS = 3         # epoch_end events needed to classify them instead of slices
+MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
 _STATUS_WINDOW = 30.0        # seconds of recent samples behind the live slope
 _STATUS_MAX_SAMPLES = 60     # ... at most this many (Theil-Sen is quadratic)
 OUTSIDE_NOTE = ("Retention cannot be ruled out from outside: run with "
                 "MemoryMonitor(trim='epoch') in the script to tell a leak from allocator "
                 "retention.")
-SHORT_FIX = ("The run was too short to judge: samples are needed in at least 4 of its 10 time "
+SHORT_FIX = ("The run was too short to judge: samples are needed in at least 5 of its 10 time "
              "slices (lower --interval for a short run), or write epoch_end events with "
              "MemoryMonitor(WORKDIR) in the script.")
 

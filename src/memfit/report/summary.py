@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from memfit.memory.classify import EXPLANATIONS, classify
+from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, classify
 from memfit.report.data import ProcessData, RunData, _number, anon
 
 __all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
 
-MIN_EPOCHS = 3          # epoch ends a process needs before the classifier is asked
+MIN_EPOCHS = MIN_VALUES + 1  # epoch ends (one of warm-up) before the classifier is asked
 
 
 @dataclasses.dataclass(frozen=True)
