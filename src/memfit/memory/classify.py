@@ -33,7 +33,7 @@ __all__ = ["Verdict", "classify", "theil_sen", "EXPLANATIONS", "MIN_VALUES"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 
-MIN_GROWTH = 8 * 2**20          # below this, growth over the run is noise on any machine
+MIN_GROWTH = 16 * 2**20         # below this, growth over the run is noise in a TF process
 NOISE_FACTOR = 4.0              # growth must exceed this many MADs of the residuals
 RETAINED_SHARE = 0.5            # trim giving back this share of the growth: retention
 

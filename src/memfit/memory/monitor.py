@@ -168,11 +168,11 @@ class MemoryMonitor(keras.callbacks.Callback):
                 print(f"\nmemfit: {self.verdict.headline}", file=sys.stderr)
                 self._said = self.verdict.kind
         if self.verdict.kind == "leak":
-            self._act(epoch)
+            self._act(epoch, first=previous != "leak")
 
-    def _act(self, epoch: int) -> None:
+    def _act(self, epoch: int, first: bool) -> None:
         if self.on_leak == "warn":
-            if self.verbose:
+            if self.verbose and first:          # once, not at every epoch of the leak
                 warnings.warn(f"memfit: memory is leaking: {self.verdict.headline}. "
                               f"{self.verdict.fix}", stacklevel=2)
             return
