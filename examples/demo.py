@@ -70,7 +70,7 @@ def main() -> None:
     import keras
 
     # epochs=N: one pass yields every epoch, so Keras keeps one iterator for the whole fit
-    # (with steps_per_epoch); a new iterator per epoch costs memory for the first epochs.
+    # (with steps_per_epoch), and the order of each epoch is still a function of (seed, e).
     train = memfit.dataset(workdir / "data", 128, split="train", features=("x", "y"),
                            memory_budget=budget, epochs=args.epochs)
     val = memfit.dataset(workdir / "data", 256, split="val", features=("x", "y"),

@@ -123,3 +123,13 @@ def test_read_log_refuses_other_files(tmp_path):
     with open(good, "a") as f:
         f.write('{"t": 2, "pid"')                              # a writer killed mid-line
     assert [r["event"] for r in read_log(good)] == ["start", "sample"]
+
+
+def test_limit_arenas_only_lowers_and_rejects_bad_counts():
+    from memfit.memory.allocator import limit_arenas
+
+    first = limit_arenas(64)
+    assert first is not None and first <= 64
+    assert limit_arenas(first + 10) == first                 # never raised again
+    with pytest.raises(ValueError, match="count=0"):
+        limit_arenas(0)

@@ -64,3 +64,12 @@ def test_steady_training_is_stable_and_logged(tmp_path):
     assert events.count("batch") == 8 * (64 // 20)            # every 20 of 64 batches
     assert all("rss_anon" in r and "rss_file" in r for r in result["log"]
                if r["event"] in ("batch", "epoch_end"))
+
+
+@linux
+def test_fit_from_a_memfit_stream_with_a_new_pass_per_epoch_is_stable(tmp_path):
+    result = scenario("stream_fit", tmp_path)
+    assert result["arena_limit"] == max(2, os.cpu_count() or 1)
+    assert result["verdict"] in ("stable", "warm-up"), result
+    values = result["values"]
+    assert values[-1] - values[1] < 16 * 2**20, values        # uncapped: +33 MiB, "leak"

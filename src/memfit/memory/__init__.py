@@ -5,11 +5,11 @@
 
 from typing import Any
 
+from memfit.memory.allocator import malloc_trim
 from memfit.memory.classify import Verdict, classify
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Measurement, Sample, measure, sample
 from memfit.memory.sizes import format_size, parse_size
-from memfit.memory.trim import malloc_trim
 
 __all__ = ["Measurement", "MemoryLog", "MemoryMonitor", "Sample", "Verdict", "classify",
            "format_size", "malloc_trim", "measure", "parse_size", "read_log", "sample"]

@@ -11,11 +11,11 @@ import keras
 
 from memfit import exitcodes
 from memfit.atomic import temporary_name
+from memfit.memory.allocator import malloc_trim, require_trim
 from memfit.memory.classify import MIN_VALUES, Verdict, classify
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.memory.sizes import format_size, parse_size
-from memfit.memory.trim import malloc_trim, require_trim
 from memfit.workdir import Workdir, default_workdir
 
 __all__ = ["MemoryMonitor"]
