@@ -379,6 +379,13 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
                       kept_shards=kept)
 
 
+def _split(name: str, shards: list[tuple[Shard, int]]) -> Split:
+    """A split from its written shards and their decoded bytes."""
+    return Split(name=name, samples=sum(s.samples for s, _ in shards),
+                 records=sum(s.records for s, _ in shards),
+                 raw_bytes=sum(r for _, r in shards), shards=tuple(s for s, _ in shards))
+
+
 def _progress_bar(total: int | None, enabled: bool, what: str):
     from tqdm import tqdm
 
@@ -485,10 +492,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
     splits = {}
     for name in counts:
         shard_list = [results[shard_name(s, i, c, compression)] for s, i, c, _ in jobs if s == name]
-        splits[name] = Split(name=name, samples=sum(s.samples for s, _ in shard_list),
-                             records=sum(s.records for s, _ in shard_list),
-                             raw_bytes=sum(r for _, r in shard_list),
-                             shards=tuple(s for s, _ in shard_list))
+        splits[name] = _split(name, shard_list)
     manifest = Manifest(features=dict(src.features), splits=splits, samples_per_record=k,
                         compression=compression, seed=options["seed"],
                         shuffled=bool(options["shuffle"]), memfit_version=__version__,
@@ -588,10 +592,7 @@ def _pack_stream(src: StreamSource, out: Path, options: dict, buffer_bytes: int,
             final = shard_name(name, i, count, compression)
             os.replace(out / shard.file, out / final)
             shard_list.append((dataclasses.replace(shard, file=final), raw))
-        splits[name] = Split(name=name, samples=sum(s.samples for s, _ in shard_list),
-                             records=sum(s.records for s, _ in shard_list),
-                             raw_bytes=sum(r for _, r in shard_list),
-                             shards=tuple(s for s, _ in shard_list))
+        splits[name] = _split(name, shard_list)
     manifest = Manifest(features=dict(src.features), splits=splits, samples_per_record=k or 1,
                         compression=compression, seed=options["seed"],
                         shuffled=bool(options["shuffle"]), memfit_version=__version__,

@@ -29,7 +29,7 @@ import psutil
 
 from memfit.memory.sizes import format_size
 
-__all__ = ["Sample", "Measurement", "sample", "measure", "python_heap", "tf_gpu_memory",
+__all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
            "nvml_memory", "extended_record"]
 
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file",
@@ -184,6 +184,25 @@ def _max(a: int | None, b: int | None) -> int | None:
     return a if b is None else max(a, b)
 
 
+_PEAK_FIELDS = ("rss", "rss_anon", "rss_file", "rss_shmem", "rss_peak", "processes")
+
+
+def peak_of(a: Sample | None, b: Sample) -> Sample:
+    """The field-wise maximum of two samples (a running peak: ``peak = peak_of(peak, s)``).
+
+    A field absent from one sample takes the other's value; ``t`` and ``pid`` are ``b``'s.
+
+    Example:
+        >>> s = sample()
+        >>> peak_of(None, s) is s
+        True
+    """
+    if a is None:
+        return b
+    return dataclasses.replace(b, **{k: _max(getattr(a, k), getattr(b, k))
+                                     for k in _PEAK_FIELDS})
+
+
 @contextlib.contextmanager
 def measure(pid: int | None = None, *, interval: float = 0.01,
             tree: bool = False) -> Iterator[Measurement]:
@@ -213,17 +232,17 @@ def measure(pid: int | None = None, *, interval: float = 0.01,
     exact_peak = not tree and _reset_peak(pid)
     before = sample(pid, tree=tree)
     result = Measurement(before=before)
-    peak = dict(rss=before.rss, rss_anon=before.rss_anon, rss_file=before.rss_file)
+    peak = before
     stop = threading.Event()
 
     def watch() -> None:
+        nonlocal peak
         while not stop.wait(interval):
             try:
                 s = sample(pid, tree=tree)
             except ProcessLookupError:
                 return
-            for key in peak:
-                peak[key] = _max(peak[key], getattr(s, key))
+            peak = peak_of(peak, s)
             result.samples += 1
 
     thread = threading.Thread(target=watch, name="memfit-measure", daemon=True)
@@ -234,12 +253,11 @@ def measure(pid: int | None = None, *, interval: float = 0.01,
         stop.set()
         thread.join()
         after = sample(pid, tree=tree)
-        for key in peak:
-            peak[key] = _max(peak[key], getattr(after, key))
-        if exact_peak and after.rss_peak is not None:
-            peak["rss"] = max(peak["rss"], after.rss_peak)
+        top = peak_of(peak, after)
+        if exact_peak and after.rss_peak is not None:   # the kernel saw every spike
+            top = dataclasses.replace(top, rss=max(top.rss, after.rss_peak))
         result.after = after
-        result.peak = dataclasses.replace(after, **peak, rss_peak=None)
+        result.peak = dataclasses.replace(top, rss_peak=None)
 
 
 # -- optional sources: each returns None when it is not available (absent, never zero) --

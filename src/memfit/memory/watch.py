@@ -42,7 +42,7 @@ from memfit import exitcodes
 from memfit.errors import MemfitError
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import MemoryLog, read_log
-from memfit.memory.probe import Sample, sample
+from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size
 from memfit.workdir import WORKDIR_ENV, Workdir
 
@@ -146,25 +146,6 @@ class WatchResult:
 
 def _fix(verdict: Verdict, basis: str) -> str:
     return SHORT_FIX if verdict.kind == "unknown" and basis == "time slices" else verdict.fix
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
-
-
-def _peak(samples: Sequence[Sample]) -> Sample | None:
-    if not samples:
-        return None
-    top = max(samples, key=lambda s: s.anon_or_total)
-    fields = {}
-    for name in ("rss", "rss_anon", "rss_file", "rss_shmem", "rss_peak", "processes"):
-        value = None
-        for s in samples:
-            value = _max(value, getattr(s, name))
-        fields[name] = value
-    return dataclasses.replace(top, **fields)
 
 
 def _slice_medians(times: Sequence[float], values: Sequence[float],
@@ -381,7 +362,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
                     samples.append(s)
                     times.append(s.t)
                     anon.append(float(s.anon_or_total))
-                    peak = s if peak is None else _peak([peak, s])
+                    peak = peak_of(peak, s)
                     recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
                               if x.t >= s.t - _STATUS_WINDOW]
                     line.update(recent, peak)
