@@ -1,7 +1,9 @@
-"""Print a packed dataset's schema, splits, counts and sizes from its manifest.
+"""Print a packed dataset's schema, splits, counts and sizes from its manifest (TFRecord
+or arrays format), or the arrays of a directory of .npy files.
 
-example:
+examples:
   memfit inspect data/train
+  memfit inspect data/arrays
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ HELP = "print a packed dataset's schema, counts and sizes"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("path", help="dataset directory (written by memfit pack)")
+    p.add_argument("path", help="dataset directory (written by memfit pack), or a directory "
+                                "of .npy files")
 
 
 def run(args: argparse.Namespace) -> int:

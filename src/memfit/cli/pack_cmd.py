@@ -1,8 +1,11 @@
 """Pack arrays (.npy, memory-mapped), an .npz or a CSV file into checksummed TFRecord shards
-with a manifest.json, in a seeded shuffle order.
+with a manifest.json, in a seeded shuffle order. With --format arrays, write one .npy file
+per split and feature instead (<split>/<feature>.npy, sha256 in the manifest), for
+memfit.dataset's memory-mapped reader with a global shuffle.
 
 examples:
   memfit pack x=images.npy y=labels.npy -o data/train
+  memfit pack x=images.npy y=labels.npy -o data/arrays --format arrays --split train=0.9,val=0.1
   memfit pack data.npz -o data/all --split train=0.9,val=0.1 --shard-size 128MiB
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
 """
@@ -15,7 +18,7 @@ from memfit.data.pack import pack
 from memfit.errors import DatasetError
 
 NAME = "pack"
-HELP = "pack arrays, an .npz or a CSV file into checksummed TFRecord shards"
+HELP = "pack arrays, an .npz or a CSV file into checksummed TFRecord shards (or .npy)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="named .npy arrays (memory-mapped) or one .npz archive")
     p.add_argument("-o", "--output", required=True, help="dataset directory to write")
     p.add_argument("--csv", help="pack this CSV file (header row, numeric columns) instead")
+    p.add_argument("--format", choices=["tfrecord", "arrays"], default="tfrecord",
+                   help="tfrecord: checksummed shards (default); arrays: one .npy file per "
+                        "split and feature, read memory-mapped with a global shuffle")
     p.add_argument("--label", help="with --csv: the label column (becomes y; the rest x)")
     p.add_argument("--variable", action="append", default=[], metavar="NAME",
                    help="a feature whose first dimension varies (repeatable)")
@@ -32,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--shard-size", help="target shard size, e.g. 256MiB")
     p.add_argument("--samples-per-record", type=int,
                    help="samples per record (default: about 256 KiB a record)")
-    p.add_argument("--compression", choices=["GZIP", "ZLIB", "none"], default="none")
+    p.add_argument("--compression", choices=["GZIP", "ZLIB", "none"], default="none",
+                   help="shard compression (tfrecord format only)")
     p.add_argument("--split", help="e.g. train=0.9,val=0.1 (seeded permutation)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and split (0)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the source order")
@@ -65,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,
                   compression=None if args.compression == "none" else args.compression,
                   split=args.split, seed=args.seed, shuffle=not args.no_shuffle,
-                  workers=args.workers, overwrite=args.overwrite, progress=not args.quiet)
+                  workers=args.workers, overwrite=args.overwrite, progress=not args.quiet,
+                  format=args.format)
     print(result)
     return 0

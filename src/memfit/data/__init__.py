@@ -1,4 +1,6 @@
-"""Data: pack sources into checksummed TFRecord shards, stream them under a byte budget.
+"""Data: pack sources into checksummed TFRecord shards (or ``.npy`` files), stream them
+under a byte budget; ``.npy`` sources are read memory-mapped with a global shuffle
+(:mod:`memfit.data.arrays`).
 
 ``memfit.data.stream`` imports TensorFlow; it is loaded on first use so that packing and
 the command line start fast.
@@ -6,12 +8,13 @@ the command line start fast.
 
 from typing import Any
 
+from memfit.data.arrays import ArraysManifest, ArraysPlan
 from memfit.data.manifest import Feature, Manifest
 from memfit.data.pack import PackResult, pack
 from memfit.data.verify import inspect, verify
 
-__all__ = ["Feature", "Manifest", "PackResult", "dataset", "DatasetPlan", "inspect", "pack",
-           "verify"]
+__all__ = ["ArraysManifest", "ArraysPlan", "Feature", "Manifest", "PackResult", "dataset",
+           "DatasetPlan", "inspect", "pack", "verify"]
 
 
 def __getattr__(name: str) -> Any:

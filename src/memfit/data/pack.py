@@ -1,4 +1,6 @@
-"""``memfit.pack``: write a source into checksummed TFRecord shards plus ``manifest.json``.
+"""``memfit.pack``: write a source into checksummed TFRecord shards plus ``manifest.json``
+(or, with ``format="arrays"``, into one ``.npy`` file per split and feature: see
+:mod:`memfit.data.arrays`).
 
 Samples are written in a seeded global shuffle order (so every shard is already a mix),
 in blocks of ``samples_per_record`` per record, split into shards of about equal size.
@@ -30,7 +32,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +43,9 @@ from memfit.data.records import LENGTHS_SUFFIX, encode_example, frame
 from memfit.data.sources import ArraySource, StreamSource, csv_to_npy, open_source
 from memfit.errors import DatasetError
 from memfit.memory.sizes import format_size, parse_size
+
+if TYPE_CHECKING:
+    from memfit.data.arrays import ArraysManifest
 
 __all__ = ["pack", "PackResult", "parse_split"]
 
@@ -58,13 +63,14 @@ class PackResult:
 
     Attributes:
         path: the dataset directory.
-        manifest: the manifest that was written.
+        manifest: the manifest that was written (an ``ArraysManifest`` for
+            ``format="arrays"``).
         seconds: wall time of the pack.
         kept_shards: shards of an interrupted earlier run that were verified and kept.
     """
 
     path: Path
-    manifest: Manifest
+    manifest: Manifest | ArraysManifest
     seconds: float
     kept_shards: int = 0
 
@@ -78,12 +84,15 @@ class PackResult:
 
     def __str__(self) -> str:
         m = self.manifest
-        shards = sum(len(s.shards) for s in m.splits.values())
+        if isinstance(m, Manifest):
+            files = f"{sum(len(s.shards) for s in m.splits.values())} shards"
+        else:                                           # an arrays dataset
+            files = f"{m.file_count} .npy files"
         splits = ", ".join(f"{n}={s.samples:,}" for n, s in m.splits.items())
         rate = self.bytes / max(self.seconds, 1e-9)
         kept = f"; kept {self.kept_shards} verified shards from the interrupted run" \
             if self.kept_shards else ""
-        return (f"packed {self.samples:,} samples ({splits}) into {shards} shards, "
+        return (f"packed {self.samples:,} samples ({splits}) into {files}, "
                 f"{format_size(self.bytes)} in {self.seconds:.1f} s "
                 f"({format_size(rate)}/s, {self.samples / max(self.seconds, 1e-9):,.0f} "
                 f"samples/s) at {self.path}{kept}")
@@ -276,12 +285,15 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
          samples_per_record: int | None = None, compression: str | None = None,
          split: str | Mapping[str, float] | None = None, seed: int = 0, shuffle: bool = True,
          workers: int = 1, overwrite: bool = False, progress: bool = True,
-         shuffle_buffer: str | int = "256MiB") -> PackResult:
-    """Packs a source into checksummed TFRecord shards with a ``manifest.json``.
+         shuffle_buffer: str | int = "256MiB", format: str = "tfrecord") -> PackResult:
+    """Packs a source into checksummed TFRecord shards (or ``.npy`` files) with a
+    ``manifest.json``.
 
     Example:
         >>> memfit.pack({"x": "images.npy", "y": "labels.npy"}, "data/train",
         ...             split="train=0.9,val=0.1", shard_size="128MiB")   # doctest: +SKIP
+        >>> memfit.pack({"x": "images.npy", "y": "labels.npy"}, "data/arrays",
+        ...             split="train=0.9,val=0.1", format="arrays")       # doctest: +SKIP
 
     Args:
         source: a dict of feature name → array (or ``.npy`` path, memory-mapped), a path
@@ -304,6 +316,11 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         overwrite: replace a dataset already in ``output``.
         progress: show a progress bar on stderr.
         shuffle_buffer: the byte budget of the shuffle buffer for iterable sources.
+        format: ``"tfrecord"`` (shards, the default) or ``"arrays"``: one ``.npy`` file per
+            split and feature, ``<split>/<feature>.npy``, for ``memfit.dataset``'s
+            memory-mapped global-shuffle path (fixed-shape arrays of known length only;
+            ``shards``, ``shard_size``, ``samples_per_record``, ``compression``, ``variable``
+            and ``workers`` do not apply).
 
     Returns:
         A :class:`PackResult`; ``print`` it for the summary.
@@ -344,6 +361,28 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         raise DatasetError(f"workers must be a positive integer. Received: workers={workers!r}")
     if not isinstance(seed, int) or seed < 0:
         raise DatasetError(f"seed must be a non-negative integer. Received: seed={seed!r}")
+    if format not in ("tfrecord", "arrays"):
+        raise DatasetError(f"format must be 'tfrecord' or 'arrays'. Received: format={format!r}")
+    if format == "arrays":
+        variable = list(variable)
+        extra: dict[str, Any] = {
+            k: v for k, v in (("shards", shards), ("shard_size", shard_size),
+                              ("samples_per_record", samples_per_record),
+                              ("compression", compression)) if v is not None}
+        if variable:
+            extra["variable"] = variable
+        if workers != 1:
+            extra["workers"] = workers
+        if extra:
+            listed = ", ".join(f"{k}={v!r}" for k, v in extra.items())
+            raise DatasetError(f"{', '.join(extra)} apply to format='tfrecord' only; "
+                               f"format='arrays' writes one .npy file per split and feature. "
+                               f"Received: {listed}")
+        if source is not None and not isinstance(source, str | os.PathLike | Mapping):
+            raise DatasetError("format='arrays' needs arrays of known length (a dict of "
+                               "arrays or .npy paths, an .npz/.npy file or a CSV file); pack "
+                               "an iterable with format='tfrecord'. Received: "
+                               f"source of type {type(source).__name__}")
     fractions = parse_split(split)
     buffer_bytes = parse_size(shuffle_buffer, name="shuffle_buffer")
 
@@ -360,18 +399,32 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     options = dict(shards=shards, shard_bytes=shard_bytes, k=samples_per_record,
                    compression=compression, split=fractions, seed=seed, shuffle=shuffle,
                    features={n: f.to_json() for n, f in src.features.items()})
+    if format == "arrays":
+        options["format"] = "arrays"
     if isinstance(src, ArraySource):
         fingerprint = hashlib.sha256((src.fingerprint() + json.dumps(options, sort_keys=True)
                                       ).encode()).hexdigest()
     else:
         fingerprint = None
+    manifest: Manifest | ArraysManifest
     try:
-        state = _prepare_output(out, overwrite, fingerprint)
-        if isinstance(src, ArraySource):
-            manifest, kept = _pack_arrays(src, out, state, fingerprint, options, workers,
-                                          progress)
+        if format == "arrays":
+            from memfit.data.arrays import pack_arrays
+
+            assert isinstance(src, ArraySource)
+            manifest, kept = pack_arrays(src, out, fingerprint=fingerprint, options=options,
+                                         overwrite=overwrite, progress=progress)
         else:
-            manifest, kept = _pack_stream(src, out, options, buffer_bytes, progress), 0
+            if overwrite:       # an arrays dataset there: its .npy files go too
+                from memfit.data.arrays import remove_arrays_dataset
+
+                remove_arrays_dataset(out)
+            state = _prepare_output(out, overwrite, fingerprint)
+            if isinstance(src, ArraySource):
+                manifest, kept = _pack_arrays(src, out, state, fingerprint, options, workers,
+                                              progress)
+            else:
+                manifest, kept = _pack_stream(src, out, options, buffer_bytes, progress), 0
     finally:
         shutil.rmtree(csv_dir, ignore_errors=True)
     (out / STATE).unlink(missing_ok=True)

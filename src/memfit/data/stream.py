@@ -19,6 +19,9 @@ ops seeded from them, so ``dataset(..., epoch=k)`` yields exactly the batches of
 per epoch) moves to the next epoch; with ``epochs=N`` one pass runs all epochs from
 ``epoch`` to ``N - 1`` (use ``steps_per_epoch=ds.memfit_plan.steps_per_epoch``).
 
+``.npy`` sources (dicts of paths, directories of ``.npy`` files, ``format="arrays"``
+packs) are dispatched to :mod:`memfit.data.arrays` (memory-mapped, a true global shuffle).
+
 Example:
     >>> ds = memfit.dataset("data/train", batch_size=256, features=("x", "y"),
     ...                     memory_budget="256MiB")                    # doctest: +SKIP
@@ -33,10 +36,12 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
+from memfit.data import arrays
 from memfit.data.manifest import Manifest
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
@@ -185,23 +190,33 @@ def _seed(seed: int, *data: tf.Tensor | int) -> tf.Tensor:
     return s
 
 
-def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = None,
-            features: Sequence[str] | None = None, memory_budget: str | int = "256MiB",
-            seed: int | None = None, epoch: int = 0, epochs: int | None = None,
-            shuffle: bool = True, drop_remainder: bool = False, on_corrupt: str = "raise",
-            shard: tuple[int, int] | None = None,
+def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
+            split: str | None = None, features: Sequence[str] | None = None,
+            memory_budget: str | int = "256MiB", seed: int | None = None, epoch: int = 0,
+            epochs: int | None = None, shuffle: bool = True, drop_remainder: bool = False,
+            on_corrupt: str = "raise", shard: tuple[int, int] | None = None,
             input_context: tf.distribute.InputContext | None = None,
-            cap_arenas: bool = True) -> tf.data.Dataset:
-    """Streams a packed dataset as a ``tf.data.Dataset`` for ``model.fit``.
+            cap_arenas: bool = True, indices: Any = None,
+            cache: str | None = None) -> tf.data.Dataset:
+    """Streams a packed dataset (or ``.npy`` arrays) as a ``tf.data.Dataset`` for
+    ``model.fit``.
+
+    ``.npy`` sources (a dict of feature name → ``.npy`` path, a directory of ``.npy``
+    files, one ``.npy`` file, or a directory written by ``memfit.pack(...,
+    format="arrays")``) are read by :func:`memfit.data.arrays.dataset`: memory-mapped,
+    a global permutation per epoch, batches gathered with sorted reads; the arguments
+    mean the same there (see it for ``indices`` and ``cache``).
 
     Example:
         >>> ds = memfit.dataset("data/train", 128, features=("x", "y"))  # doctest: +SKIP
         >>> val = memfit.dataset("data/train", 128, split="val", features=("x", "y"),
         ...                      shuffle=False)                          # doctest: +SKIP
         >>> model.fit(ds, validation_data=val, epochs=5)                 # doctest: +SKIP
+        >>> ds = memfit.dataset({"x": "x.npy", "y": "y.npy"}, 128,
+        ...                     features=("x", "y"))                     # doctest: +SKIP
 
     Args:
-        path: the directory ``memfit.pack`` wrote.
+        path: the directory ``memfit.pack`` wrote, or a ``.npy`` source (above).
         batch_size: samples per batch (per replica, with ``input_context``).
         split: the split to read; may be omitted when there is only one.
         features: ``None`` yields dicts of all features; a sequence of names yields tuples
@@ -227,10 +242,24 @@ def dataset(path: str | os.PathLike, batch_size: int, *, split: str | None = Non
             every pass, and each new thread may get an arena that keeps its freed
             buffers: without the cap, a Keras training grew by ~15 MiB an epoch for its
             first ~10 epochs (flat with it). No-op outside glibc.
+        indices: ``.npy`` sources only: the samples to read (e.g. a train/validation part).
+        cache: ``.npy`` sources only: ``"ram"`` loads the samples into memory first.
 
     Returns:
-        A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the :class:`DatasetPlan`.
+        A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the :class:`DatasetPlan`
+        (an :class:`~memfit.data.arrays.ArraysPlan` for ``.npy`` sources).
     """
+    if arrays.is_arrays_source(path):
+        return arrays.dataset(
+            path, batch_size, split=split, features=features, memory_budget=memory_budget,
+            seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
+            drop_remainder=drop_remainder, on_corrupt=on_corrupt, shard=shard,
+            input_context=input_context, cap_arenas=cap_arenas, indices=indices, cache=cache)
+    if indices is not None or cache is not None:
+        raise ValueError(f"indices= and cache= apply to .npy sources (memory-mapped arrays); "
+                         f"{path} holds TFRecord shards: choose samples with split=... at "
+                         f"pack time. Received: indices={'...' if indices is not None else None}"
+                         f", cache={cache!r}")
     manifest = Manifest.load(path)
     sp = manifest.split(split)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

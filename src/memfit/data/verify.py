@@ -1,7 +1,9 @@
 """``memfit inspect`` and ``memfit verify``: describe a packed dataset, check every byte.
 
 Neither imports TensorFlow: verification reads each shard once, checking its sha256
-against the manifest and every record's CRC32C checksums.
+against the manifest and every record's CRC32C checksums. Arrays datasets
+(``format="arrays"``) get each ``.npy`` file's sha256 and header checked; a plain
+directory of ``.npy`` files (no manifest) gets its headers, sizes and lengths checked.
 
 Example:
     >>> report = verify("data/train")            # doctest: +SKIP
@@ -20,11 +22,84 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from memfit.data import arrays
 from memfit.data.manifest import Manifest, Shard
 from memfit.data.records import RecordError, iter_records
 from memfit.memory.sizes import format_size
 
-__all__ = ["inspect", "verify", "VerifyReport", "Problem"]
+__all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
+
+
+def _kind(path: str | os.PathLike) -> str:
+    """``"tfrecord"``, ``"arrays"`` (a memfit-arrays directory) or ``"npy"`` (plain .npy
+    files without a manifest)."""
+    fmt = arrays.manifest_format(path)
+    if fmt == arrays.FORMAT:
+        return "arrays"
+    if fmt is None and arrays.is_arrays_source(path):
+        return "npy"
+    return "tfrecord"
+
+
+def _plain_npy(path: str | os.PathLike) -> dict[str, Path]:
+    p = Path(path)
+    if p.suffix == ".npy":
+        return {p.stem: p}
+    return {f.stem: f for f in sorted(p.glob("*.npy")) if not f.name.startswith(".")}
+
+
+def total_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk of a dataset's data files (for progress bars).
+
+    Example:
+        >>> total_bytes("data/train")                   # doctest: +SKIP
+        4012345678
+    """
+    kind = _kind(path)
+    if kind == "arrays":
+        return arrays.ArraysManifest.load(path).bytes
+    if kind == "npy":
+        return sum(f.stat().st_size for f in _plain_npy(path).values() if f.is_file())
+    return Manifest.load(path).bytes
+
+
+def _shape(shape: tuple) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def _inspect_arrays(path: str | os.PathLike) -> str:
+    m = arrays.ArraysManifest.load(path)
+    lines = [f"memfit arrays dataset {m.path} (.npy files, memory-mapped when read)",
+             f"  {m.samples:,} samples, {format_size(m.bytes)} on disk in {m.file_count} .npy "
+             f"files, seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
+             f"  source: {m.source or '?'}; written by memfit {m.memfit_version}",
+             "  features:"]
+    width = max(len(n) for n in m.features)
+    for f in m.features.values():
+        lines.append(f"    {f.name:<{width}}  {f.dtype:<8} {_shape(f.shape):<16} "
+                     f"{format_size(f.sample_bytes)}/sample")
+    lines.append("  splits:")
+    for s in m.splits.values():
+        files = ", ".join(a.file for a in s.files.values())
+        lines.append(f"    {s.name:<8} {s.samples:>12,} samples {format_size(s.bytes):>11}  "
+                     f"{files}")
+    return "\n".join(lines)
+
+
+def _inspect_npy(path: str | os.PathLike) -> str:
+    files = _plain_npy(path)
+    lines = [f".npy arrays {path} (no manifest: a plain directory, read memory-mapped)",
+             "  features:"]
+    width = max([len(n) for n in files] + [1])
+    for name, f in files.items():
+        try:
+            a = arrays.open_npy(name, f)
+            lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} samples of "
+                         f"{_shape(a.shape[1:]):<16} {format_size(f.stat().st_size):>11}")
+        except ValueError as e:
+            lines.append(f"    {name:<{width}}  unreadable: {e}")
+    return "\n".join(lines)
 
 
 def inspect(path: str | os.PathLike) -> str:
@@ -33,6 +108,11 @@ def inspect(path: str | os.PathLike) -> str:
     Args:
         path: the dataset directory (or its ``manifest.json``).
     """
+    kind = _kind(path)
+    if kind == "arrays":
+        return _inspect_arrays(path)
+    if kind == "npy":
+        return _inspect_npy(path)
     m = Manifest.load(path)
     lines = [f"memfit dataset {m.path}",
              f"  {m.samples:,} samples, {format_size(m.bytes)} on disk, "
@@ -69,21 +149,32 @@ class Problem:
 
 @dataclasses.dataclass
 class VerifyReport:
+    """What ``verify`` found. For ``.npy`` datasets ``shards`` counts files and
+    ``records`` samples (``kind`` says which: ``"tfrecord"``, ``"arrays"``, ``"npy"``)."""
+
     path: Path
     shards: int = 0
     records: int = 0
     bytes: int = 0
     problems: list[Problem] = dataclasses.field(default_factory=list)
+    kind: str = "tfrecord"
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def __str__(self) -> str:
-        head = (f"verified {self.shards} shards, {self.records:,} records, "
-                f"{format_size(self.bytes)} at {self.path}: ")
+        if self.kind == "tfrecord":
+            head = (f"verified {self.shards} shards, {self.records:,} records, "
+                    f"{format_size(self.bytes)} at {self.path}: ")
+            checked = "sha256 and every record CRC32C match"
+        else:
+            head = (f"verified {self.shards} .npy files, {self.records:,} samples, "
+                    f"{format_size(self.bytes)} at {self.path}: ")
+            checked = ("sha256 and .npy headers match the manifest" if self.kind == "arrays"
+                       else "headers, sizes and lengths; no manifest, so no checksums")
         if self.ok:
-            return head + "OK (sha256 and every record CRC32C match)"
+            return head + f"OK ({checked})"
         return head + f"{len(self.problems)} problem(s)\n" + "\n".join(
             f"  {p}" for p in self.problems)
 
@@ -161,14 +252,22 @@ def verify(path: str | os.PathLike,
            progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Checks every shard's sha256 and every record's CRC32C checksums.
 
+    Example:
+        >>> print(verify("data/train"))                 # doctest: +SKIP
+
     Args:
-        path: the dataset directory.
-        progress: called with the bytes of each shard once it is checked.
+        path: the dataset directory (TFRecord or arrays), or a directory of ``.npy`` files.
+        progress: called with the bytes of each shard (or file) once it is checked.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is ``False`` when anything is damaged, and
         ``report.problems`` names each shard file (and record) that is.
     """
+    kind = _kind(path)
+    if kind == "arrays":
+        return _verify_arrays(path, progress)
+    if kind == "npy":
+        return _verify_npy(path, progress)
     m = Manifest.load(path)
     report = VerifyReport(path=m.path)
     for split in m.splits.values():
@@ -180,4 +279,67 @@ def verify(path: str | os.PathLike,
             report.problems += problems
             if progress is not None:
                 progress(shard.bytes)
+    return report
+
+
+def _verify_arrays(path: str | os.PathLike,
+                   progress: Callable[[int], None] | None) -> VerifyReport:
+    m = arrays.ArraysManifest.load(path)
+    report = VerifyReport(path=m.path, kind="arrays")
+    for split in m.splits.values():
+        for name, entry in split.files.items():
+            file = m.path / entry.file
+            report.shards += 1
+            report.bytes += entry.bytes
+            if not file.exists():
+                report.problems.append(Problem(entry.file, None, "file is missing"))
+                continue
+            size = file.stat().st_size
+            if size != entry.bytes:
+                report.problems.append(Problem(entry.file, None, f"size is {size} bytes; the "
+                                               f"manifest says {entry.bytes} (truncated or "
+                                               f"overwritten)"))
+            sha = hashlib.sha256()
+            with open(file, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    sha.update(chunk)
+            if sha.hexdigest() != entry.sha256:
+                report.problems.append(Problem(entry.file, None,
+                                               "sha256 does not match the manifest"))
+            f_ = m.features[name]
+            try:
+                arr = arrays.open_npy(name, file)
+                expected = (split.samples, *f_.shape)
+                if arr.dtype.name != f_.dtype or tuple(arr.shape) != expected:
+                    report.problems.append(Problem(
+                        entry.file, None, f"holds {arr.dtype}{arr.shape}; the manifest says "
+                                          f"{f_.dtype}{expected}"))
+            except ValueError as e:
+                report.problems.append(Problem(entry.file, None, str(e)))
+            if progress is not None:
+                progress(entry.bytes)
+        report.records += split.samples
+    return report
+
+
+def _verify_npy(path: str | os.PathLike,
+                progress: Callable[[int], None] | None) -> VerifyReport:
+    files = _plain_npy(path)
+    report = VerifyReport(path=Path(path), kind="npy")
+    lengths = {}
+    for name, file in files.items():
+        report.shards += 1
+        size = file.stat().st_size if file.is_file() else 0
+        report.bytes += size
+        try:
+            lengths[name] = len(arrays.open_npy(name, file))
+        except ValueError as e:
+            report.problems.append(Problem(file.name, None, str(e)))
+        if progress is not None:
+            progress(size)
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{n}={v:,}" for n, v in lengths.items())
+        report.problems.append(Problem(str(path), None, f"features have different lengths: "
+                                                        f"{listed}"))
+    report.records = max(lengths.values(), default=0)
     return report
