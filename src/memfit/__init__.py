@@ -9,6 +9,8 @@ Public API (re-exports only):
     memfit.measure()          RSS before/after/peak of a block (anonymous and file apart)
     memfit.MemoryMonitor      Keras callback: memory log + leak/retention/warm-up verdict
     memfit.classify(...)      the verdict from epoch-end RSS values; memfit.malloc_trim()
+    memfit.session(...)       in a training script: checkpoint every epoch, resume exactly
+    memfit.run(...)           run a training command, restarting it from its checkpoints
     memfit.parse_size / format_size
 """
 
@@ -27,10 +29,12 @@ from memfit.memory import (
     parse_size,
     sample,
 )
+from memfit.supervise import RunResult, run
 
 __all__ = ["__version__", "Manifest", "Measurement", "MemoryMonitor", "PackResult", "Sample",
-           "Verdict", "classify", "dataset", "DatasetPlan", "format_size", "inspect",
-           "malloc_trim", "measure", "pack", "parse_size", "sample", "verify"]
+           "RunResult", "Verdict", "classify", "dataset", "DatasetPlan", "format_size", "inspect",
+           "malloc_trim", "measure", "pack", "parse_size", "run", "sample", "session",
+           "verify"]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +43,10 @@ def __getattr__(name: str) -> Any:
         from memfit.data import stream
 
         return getattr(stream, name)
+    if name == "session":
+        from memfit.supervise.session import session
+
+        return session
     if name == "MemoryMonitor":
         from memfit.memory.monitor import MemoryMonitor
 

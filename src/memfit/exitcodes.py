@@ -1,10 +1,14 @@
 """Exit codes that memfit's processes use to talk to each other.
 
 ``RESTART`` (75, ``EX_TEMPFAIL``: "temporary failure, try again"): a training process
-checkpointed and asks its supervisor (`memfit run`) to start it again — e.g.
-``MemoryMonitor(on_leak="restart")`` after it found a leak.
+checkpointed and asks its supervisor (`memfit run`) to start it again — e.g. after
+``--restart-every`` epochs, a ``--max-rss`` request, or ``MemoryMonitor(on_leak="restart")``.
+``CONFIG`` (78, ``EX_CONFIG``): a training process found that it cannot run as
+configured (its workdir holds another model's checkpoints, ``--max-rss`` is below its
+baseline...); a supervisor stops instead of restarting it.
 ``NOT_FOUND`` (127): the command to run does not exist, as in a shell.
 """
 
 RESTART = 75
+CONFIG = 78
 NOT_FOUND = 127

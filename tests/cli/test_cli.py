@@ -59,6 +59,9 @@ def test_pack_inspect_verify_round_trip(tmp_path, capsys):
     (["pack", "=a.npy", "y=b.npy", "-o", "X"], "NAME=FILE.npy"),
     (["pack", "x=missing.npy", "-o", "X"], "no such file 'missing.npy'"),
     (["inspect", "nowhere"], "No memfit dataset at 'nowhere'"),
+    (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: max_rss='lots'"),
+    (["run", "--workdir", "X", "--restart-every", "0", "--", "true"],
+     "Received: restart_every=0"),
 ])
 def test_cli_errors_are_one_clear_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -76,3 +79,20 @@ def test_pack_csv_from_the_command_line(tmp_path, capsys):
     assert rc == 0 and "packed 40 samples" in capsys.readouterr().out
     main(["inspect", str(tmp_path / "d")])
     assert "compression: GZIP" in capsys.readouterr().out
+
+
+def test_run_without_a_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--restart-every", "1"])
+    assert e.value.code == 2
+    assert "give the command to run after '--'" in capsys.readouterr().err
+
+
+def test_run_passes_the_exit_code_through_and_logs_the_exit(tmp_path, capsys):
+    rc = main(["run", "--workdir", str(tmp_path), "--max-restarts", "0", "--", sys.executable,
+               "-c", "print('hello from the command')"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "finished after 0 epochs" in captured.err
+    assert main(["run", "--workdir", str(tmp_path / "missing"), "--", "no-such-cmd-memfit"]) \
+        == 127
+    assert "command not found: 'no-such-cmd-memfit'" in capsys.readouterr().err

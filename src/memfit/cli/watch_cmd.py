@@ -18,24 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from memfit.cli.common import add_command_argument
 from memfit.memory.watch import CommandStartError, watch
 
 NAME = "watch"
 HELP = "run a command and watch its memory (process tree) from outside"
-
-
-class _Command(argparse.Action):
-    """Collects everything after ``--``; an empty command is a usage error."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
-        command = list(values)  # type: ignore[call-overload]
-        if command and command[0] == "--":
-            command = command[1:]
-        if not command:
-            parser.error("give the command to watch after '--', e.g. "
-                         "memfit watch -- python train.py")
-        setattr(namespace, self.dest, command)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,8 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the log memory.jsonl goes (default: memfit-watch)")
     p.add_argument("--report", action="store_true",
                    help="write WORKDIR/report.html and timeline.png at exit")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, action=_Command, metavar="-- CMD ...",
-                   help="the command to run, after '--'")
+    add_command_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

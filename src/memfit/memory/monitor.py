@@ -49,9 +49,12 @@ class MemoryMonitor(keras.callbacks.Callback):
         trim: ``"epoch"`` calls ``malloc_trim(0)`` at each epoch end (glibc only) and logs
             what it released; ``None`` does not.
         on_leak: on a ``leak`` verdict: ``"warn"`` prints it; ``"stop"`` also stops
-            training cleanly (``model.stop_training``); ``"restart"`` saves the model to
-            ``WORKDIR/checkpoints/leak-restart.keras`` and exits the process with
-            ``memfit.exitcodes.RESTART`` (75) for a supervisor to start it again.
+            training cleanly (``model.stop_training``); ``"restart"``, in a script
+            under ``memfit run`` with a :func:`memfit.session`, has the session checkpoint
+            everything and exit with ``memfit.exitcodes.RESTART`` (75) to be resumed
+            exactly; without a session it saves the model to
+            ``WORKDIR/checkpoints/leak-restart.keras`` and exits with 75 for a supervisor
+            to start it again.
         tensorboard_dir: also write ``memory/rss_anon``, ``memory/rss_file`` (and
             ``memory/gpu_peak`` on a GPU) scalars there.
         python_heap: also log the Python heap from ``tracemalloc`` (started if needed;
@@ -180,6 +183,15 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write("stop", epoch=epoch, reason="leak")
             if self.model is not None:
                 self.model.stop_training = True
+            return
+        from memfit.supervise.session import current
+
+        session = current()
+        if session is not None and session.supervised:
+            # The session checkpoints everything (optimizer, data position, RNG) after
+            # this epoch and exits with RESTART for the supervisor.
+            self.log.write("request", epoch=epoch, reason="leak")
+            session.request_restart("leak")
             return
         path = self.workdir.checkpoints / "leak-restart.keras"
         if self.model is not None:

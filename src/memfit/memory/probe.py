@@ -91,7 +91,10 @@ def _one(pid: int) -> Sample:
         return Sample(t=time.time(), pid=pid, rss=status["rss"],
                       rss_anon=status.get("rss_anon"), rss_file=status.get("rss_file"),
                       rss_shmem=status.get("rss_shmem"), rss_peak=status.get("rss_peak"))
-    info = psutil.Process(pid).memory_info()
+    process = psutil.Process(pid)
+    if process.status() == psutil.STATUS_ZOMBIE:    # it ended: no memory left to sample
+        raise psutil.NoSuchProcess(pid)
+    info = process.memory_info()
     return Sample(t=time.time(), pid=pid, rss=info.rss, rss_anon=None, rss_file=None)
 
 

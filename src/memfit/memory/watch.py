@@ -24,26 +24,23 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from memfit import exitcodes
-from memfit.errors import MemfitError
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size
+from memfit.process import CommandStartError, check_command, exit_code, forward_signals, start
 from memfit.workdir import WORKDIR_ENV, Workdir
 
 __all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX"]
@@ -58,21 +55,6 @@ OUTSIDE_NOTE = ("Retention cannot be ruled out from outside: run with "
 SHORT_FIX = ("The run was too short to judge: samples are needed in at least 5 of its 10 time "
              "slices (lower --interval for a short run), or write epoch_end events with "
              "MemoryMonitor(WORKDIR) in the script.")
-
-
-class CommandStartError(MemfitError):
-    """The command could not be started; ``exit_code`` is what a shell would return.
-
-    Attributes:
-        command: the command that was given.
-        exit_code: 127 (``memfit.exitcodes.NOT_FOUND``) when it does not exist, 126 when
-            it cannot be executed.
-    """
-
-    def __init__(self, message: str, command: Sequence[str], exit_code: int):
-        super().__init__(message)
-        self.command = list(command)
-        self.exit_code = exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,50 +154,6 @@ def _epoch_values(log_path: Path, since: float) -> list[float]:
     return values
 
 
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _terminal_sent(signum: int, pid: int) -> bool:
-    """Whether a SIGINT most likely came from the terminal (Ctrl-C), which sends it to the
-    whole foreground process group: the command then has it already."""
-    if signum != signal.SIGINT:
-        return False
-    try:
-        if os.getpgid(pid) != os.getpgrp():
-            return False
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _forward_signals(proc: subprocess.Popen) -> Iterator[None]:
-    """Forwards SIGINT and SIGTERM to ``proc`` while the block runs (main thread only)."""
-    def forward(signum: int, frame: object) -> None:
-        if proc.poll() is None and not _terminal_sent(signum, proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signum)
-
-    previous = {}
-    try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, forward)
-    except ValueError:          # not the main thread: signals stay as they are
-        pass
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 class _StatusLine:
     """The live one-line status, redrawn in place with ``\\r``; silent unless a terminal."""
 
@@ -255,38 +193,6 @@ class _StatusLine:
             self.stream.flush()
         except (OSError, ValueError):       # a closed or broken terminal: stop drawing
             self.enabled = False
-
-
-def _check_command(command: Sequence[str]) -> list[str]:
-    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
-        raise ValueError(f"command must be a list of strings, such as ['python', 'train.py'] "
-                         f"(use shlex.split for a command line). Received: command={command!r}")
-    if not command:
-        raise ValueError("command is empty: give the program to run and its arguments, such "
-                         "as ['python', 'train.py']. Received: command=[]")
-    bad = [c for c in command if not isinstance(c, str | os.PathLike)]
-    if bad:
-        raise ValueError(f"command must hold strings only. Received: command={command!r}")
-    return [os.fspath(c) for c in command]
-
-
-def _start(command: list[str], workdir: Workdir) -> subprocess.Popen:
-    # The child learns the workdir, so a MemoryMonitor in it logs into the same file.
-    env = dict(os.environ, **{WORKDIR_ENV: str(workdir.path)})
-    try:
-        return subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        raise CommandStartError(
-            f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "
-            f"program's path)", command, exitcodes.NOT_FOUND) from None
-    except PermissionError:
-        raise CommandStartError(
-            f"command cannot be executed: {command[0]!r} (permission denied; make it "
-            f"executable with chmod +x, or run it through its interpreter)", command,
-            126) from None
-    except OSError as e:
-        raise CommandStartError(f"command cannot be started: {command[0]!r} ({e.strerror})",
-                                command, 126) from None
 
 
 def watch(command: Sequence[str], *, interval: float = 0.5,
@@ -329,7 +235,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         CommandStartError: if the command does not exist (``exit_code`` 127) or cannot
             be executed (126); nothing is written to the log then.
     """
-    command = _check_command(command)
+    command = check_command(command)
     if (isinstance(interval, bool) or not isinstance(interval, int | float)
             or not math.isfinite(interval) or interval <= 0):
         raise ValueError(f"interval must be a positive number of seconds, such as 0.5. "
@@ -341,7 +247,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
             pass
 
     since = time.time()
-    proc = _start(command, wd)
+    proc = start(command, {WORKDIR_ENV: str(wd.path)})
     log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
     started = time.time()
     samples: list[Sample] = []
@@ -350,7 +256,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     peak: Sample | None = None
     line = _StatusLine(status, started)
     try:
-        with _forward_signals(proc):
+        with forward_signals(proc):
             next_at = started
             while True:
                 try:
@@ -382,7 +288,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     finally:
         line.clear()
     duration = time.time() - started
-    code = _exit_code(proc.returncode)
+    code = exit_code(proc.returncode)
     exit_fields = {"code": code, "duration": duration}
     if proc.returncode < 0:
         exit_fields["signal"] = -proc.returncode

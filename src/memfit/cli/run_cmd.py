@@ -1,0 +1,72 @@
+"""Run a training command and restart it from its checkpoints until it finishes.
+
+The command (a Keras script using memfit.session()) runs unchanged; its output streams
+through. memfit samples its process tree (anonymous RSS; memory-mapped data does not
+count) and starts it again from its last checkpoint: every --restart-every epochs; when
+it reaches --max-rss (it is asked to checkpoint after its current step and exit); when it
+reaches --hard-rss or does not answer within --grace seconds (it is killed); after a
+crash or an OOM kill (with backoff). The same failure at the same checkpoint twice in a
+row stops the run, as do more than --max-restarts unplanned restarts. Everything goes to
+WORKDIR/memory.jsonl: `memfit report WORKDIR` shows the restarts on the timeline.
+Exit code: 0 when the training finished, else the last process's exit code.
+
+examples:
+  memfit run --restart-every 1 -- python train.py
+  memfit run --workdir runs/exp1 --max-rss 6GiB --hard-rss 8GiB -- python train.py
+  memfit report runs/exp1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from memfit.cli.common import add_command_argument
+from memfit.process import CommandStartError
+from memfit.supervise import protocol
+from memfit.supervise.run import run as supervise
+
+NAME = "run"
+HELP = "run a training command, restarting it from checkpoints (every N epochs, by memory, " \
+       "after a crash)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--workdir", default=protocol.DEFAULT_WORKDIR, metavar="DIR",
+                   help=f"log and checkpoints; given to the command as $MEMFIT_WORKDIR "
+                        f"(default: {protocol.DEFAULT_WORKDIR})")
+    p.add_argument("--restart-every", type=int, metavar="N",
+                   help="start a new process every N epochs")
+    p.add_argument("--max-rss", metavar="SIZE",
+                   help="anonymous RSS (e.g. 6GiB) at which the command checkpoints after its "
+                        "current step and is restarted")
+    p.add_argument("--hard-rss", metavar="SIZE",
+                   help="anonymous RSS at which the command is killed and resumed from its last "
+                        "checkpoint (above --max-rss)")
+    p.add_argument("--max-restarts", type=int, default=10, metavar="K",
+                   help="restarts not asked by --restart-every before giving up (default: 10)")
+    p.add_argument("--grace", type=float, default=60.0, metavar="SECONDS",
+                   help="time to answer a --max-rss request before a kill (default: 60)")
+    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between memory samples (default: 0.5)")
+    p.add_argument("--report", action="store_true",
+                   help="write WORKDIR/report.html and timeline.png at the end")
+    add_command_argument(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = supervise(args.cmd, workdir=args.workdir, restart_every=args.restart_every,
+                           max_rss=args.max_rss, hard_rss=args.hard_rss,
+                           max_restarts=args.max_restarts, grace=args.grace,
+                           interval=args.interval)
+    except CommandStartError as e:
+        print(f"memfit run: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.report:
+        from memfit.report import write_report
+
+        report = write_report(args.workdir)
+        print(f"report: {report.html}", file=sys.stderr)
+    return result.exit_code

@@ -1,0 +1,149 @@
+"""Starting a user's command and standing between it and the terminal.
+
+Shared by the commands that run another program: ``memfit watch``, ``memfit run`` (and
+``memfit share``). One place decides how a command is checked, started (with the
+workdir handed down in ``$MEMFIT_WORKDIR``), how SIGINT/SIGTERM reach it, how its exit
+status is told, and how a whole process tree is killed.
+
+Example:
+    >>> import sys
+    >>> proc = start([sys.executable, "-c", "pass"], env={})
+    >>> exit_code(proc.wait())
+    0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+
+import psutil
+
+from memfit import exitcodes
+from memfit.errors import MemfitError
+
+__all__ = ["CommandStartError", "check_command", "start", "forward_signals", "exit_code",
+           "kill_tree"]
+
+
+class CommandStartError(MemfitError):
+    """The command could not be started; ``exit_code`` is what a shell would return.
+
+    Attributes:
+        command: the command that was given.
+        exit_code: 127 (``memfit.exitcodes.NOT_FOUND``) when it does not exist, 126 when
+            it cannot be executed.
+    """
+
+    def __init__(self, message: str, command: Sequence[str], exit_code: int):
+        super().__init__(message)
+        self.command = list(command)
+        self.exit_code = exit_code
+
+
+def check_command(command: Sequence[str]) -> list[str]:
+    """The command as a list of strings, or a ``ValueError`` quoting what was given."""
+    if isinstance(command, str | bytes) or not isinstance(command, Sequence):
+        raise ValueError(f"command must be a list of strings, such as ['python', 'train.py'] "
+                         f"(use shlex.split for a command line). Received: command={command!r}")
+    if not command:
+        raise ValueError("command is empty: give the program to run and its arguments, such "
+                         "as ['python', 'train.py']. Received: command=[]")
+    bad = [c for c in command if not isinstance(c, str | os.PathLike)]
+    if bad:
+        raise ValueError(f"command must hold strings only. Received: command={command!r}")
+    return [os.fspath(c) for c in command]
+
+
+def start(command: list[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Starts ``command`` with this process's streams and environment plus ``env``.
+
+    Raises:
+        CommandStartError: if it does not exist (127) or cannot be executed (126).
+    """
+    try:
+        return subprocess.Popen(command, env={**os.environ, **env})
+    except FileNotFoundError:
+        raise CommandStartError(
+            f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "
+            f"program's path)", command, exitcodes.NOT_FOUND) from None
+    except PermissionError:
+        raise CommandStartError(
+            f"command cannot be executed: {command[0]!r} (permission denied; make it "
+            f"executable with chmod +x, or run it through its interpreter)", command,
+            126) from None
+    except OSError as e:
+        raise CommandStartError(f"command cannot be started: {command[0]!r} ({e.strerror})",
+                                command, 126) from None
+
+
+def exit_code(returncode: int) -> int:
+    """A ``Popen.returncode`` as a shell reports it: killed by signal N gives 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Sends ``sig`` to ``proc`` and every process below it (data-loader workers too)."""
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        below = []
+    for p in [*below]:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+def _terminal_sent(signum: int, pid: int) -> bool:
+    """Whether a SIGINT most likely came from the terminal (Ctrl-C), which sends it to the
+    whole foreground process group: the command then has it already."""
+    if signum != signal.SIGINT:
+        return False
+    try:
+        if os.getpgid(pid) != os.getpgrp():
+            return False
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def forward_signals(proc: subprocess.Popen | None = None, *,
+                    current: object = None) -> Iterator[list[int]]:
+    """Forwards SIGINT and SIGTERM to the command while the block runs (main thread only).
+
+    Yields a list that collects the signals received, so that a supervisor can tell an
+    interrupted run from a crash. ``current`` may be a callable returning the process to
+    forward to (for a supervisor that replaces its child); otherwise ``proc`` is used.
+    """
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        target = current() if callable(current) else proc
+        if target is not None and target.poll() is None \
+                and not _terminal_sent(signum, target.pid):
+            with contextlib.suppress(ProcessLookupError):
+                target.send_signal(signum)
+
+    previous = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, forward)
+    except ValueError:          # not the main thread: signals stay as they are
+        pass
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,516 @@
+"""The child side of a supervised run: checkpoint at every epoch end, resume exactly.
+
+``memfit.session()`` is used inside an ordinary Keras training script. Its ``callback``
+restores the newest checkpoint when ``fit`` begins — weights and optimizer state, the
+epoch and the step within it, the metric states of a half-done epoch, the RNG states
+(Python, NumPy, Keras seed generators), the history so far — and writes a new
+checkpoint at every epoch end (and every ``checkpoint_every`` steps). With
+``memfit.dataset(..., epoch=s.epoch)`` the data order is a function of ``(seed,
+epoch)``, so a resumed run sees exactly the batches an uninterrupted one sees; in a
+half-done epoch, the batches already trained on are read and skipped, not trained on
+again.
+
+Under ``memfit run`` the session also restarts itself on the supervisor's behalf: after
+``--restart-every`` epochs, or when asked to (``--max-rss``, see
+:mod:`memfit.supervise.protocol`), it finishes the current step, checkpoints and exits
+with ``memfit.exitcodes.RESTART`` (75).
+
+Example:
+    >>> import keras, memfit
+    >>> with memfit.session(seed=42) as s:                              # doctest: +SKIP
+    ...     model = build_model()                                       # compiled
+    ...     train = s.dataset("data/train", 128, features=("x", "y"))
+    ...     model.fit(train, epochs=10, callbacks=[s.callback])
+    >>> s.history["loss"]                       # all 10 epochs, across restarts
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from memfit import exitcodes
+from memfit.errors import MemfitError
+from memfit.memory.log import MemoryLog
+from memfit.memory.probe import sample
+from memfit.memory.sizes import format_size
+from memfit.supervise import protocol, rng
+from memfit.supervise.checkpoint import (
+    ARRAYS_NAME,
+    WEIGHTS_NAME,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    where,
+)
+from memfit.workdir import Workdir, default_workdir
+
+__all__ = ["Session", "SessionCallback", "SessionConfigError", "session", "current"]
+
+_current: Session | None = None
+
+_MAX_SEED = 2**31 - 1
+
+
+class SessionConfigError(MemfitError):
+    """The run cannot go on as configured; a supervisor stops instead of restarting."""
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}"
+                         f". Received: {name}={value!r}")
+    return value
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise SessionConfigError(f"${name} must be an integer, as memfit run sets it. "
+                                 f"Received: {name}={raw!r}") from None
+
+
+def fingerprint(model: keras.Model) -> dict:
+    """What must match between a checkpoint and the model it is loaded into."""
+    return {"weights": [[list(v.shape), str(v.dtype)] for v in model.weights],
+            "names": [v.path for v in model.weights],
+            "optimizer": type(model.optimizer).__name__ if model.optimizer else None,
+            "optimizer_variables": len(model.optimizer.variables) if model.optimizer else 0}
+
+
+def _mismatch(saved: dict, now: dict) -> str | None:
+    """The first difference between two fingerprints, in words, or ``None``."""
+    if len(saved["weights"]) != len(now["weights"]):
+        return (f"the checkpoint has {len(saved['weights'])} weight tensors, this model "
+                f"{len(now['weights'])}")
+    for i, (a, b) in enumerate(zip(saved["weights"], now["weights"], strict=True)):
+        if a != b:
+            return (f"weight {i} ({now['names'][i]!r}) is {tuple(a[0])} {a[1]} in the "
+                    f"checkpoint and {tuple(b[0])} {b[1]} in this model")
+    if saved["optimizer"] != now["optimizer"]:
+        return (f"the checkpoint's optimizer is {saved['optimizer']}, this model's "
+                f"{now['optimizer']}")
+    if saved["optimizer_variables"] != now["optimizer_variables"]:
+        return (f"the checkpoint's optimizer has {saved['optimizer_variables']} variables, "
+                f"this model's {now['optimizer_variables']}")
+    return None
+
+
+def _extra_variables(model: keras.Model) -> list:
+    """Model variables that ``save_weights`` leaves out (seed generator states)."""
+    saved = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in saved]
+
+
+def _scalar_logs(logs: dict | None) -> dict[str, float]:
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[key] = float(np.asarray(value))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class Session:
+    """One training run's resumable state; made by :func:`session`.
+
+    Attributes:
+        workdir: the run's :class:`memfit.workdir.Workdir`.
+        seed: the run's seed (the given one, else the checkpoint's, else a new random one
+            kept in the checkpoints so that every resume uses it).
+        epoch: the epoch training resumes at (0 for a fresh start).
+        step: steps of ``epoch`` already trained (0 at an epoch boundary).
+        resumed: whether a checkpoint was found.
+        history: per-epoch logs of all epochs so far, across restarts (like
+            ``History.history``); ``fit``'s returned History holds the same at its end.
+        checkpoint: the checkpoint resumed from, or ``None``.
+    """
+
+    def __init__(self, workdir: str | os.PathLike | None = None, *, seed: int | None = None,
+                 checkpoint_every: int | None = None, deterministic: bool = False,
+                 verbose: int = 1):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not 0 <= seed <= _MAX_SEED):
+            raise ValueError(f"seed must be an integer from 0 to {_MAX_SEED}, or None. "
+                             f"Received: seed={seed!r}")
+        self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
+        self.verbose = verbose
+        self.workdir = Workdir(default_workdir(protocol.DEFAULT_WORKDIR) if workdir is None
+                               else workdir).create()
+        self.store = CheckpointStore(self.workdir.checkpoints)
+        self.store.clean()
+        self.checkpoint: Checkpoint | None = self.store.latest()
+        self.supervised = bool(os.environ.get(protocol.SUPERVISOR_ENV))
+        self.restart_every = _env_int(protocol.RESTART_EVERY_ENV) if self.supervised else None
+        self.max_rss = _env_int(protocol.MAX_RSS_ENV) if self.supervised else None
+        saved_seed = self.checkpoint.state.get("seed") if self.checkpoint else None
+        if seed is not None and saved_seed is not None and seed != saved_seed:
+            raise CheckpointError(
+                f"The checkpoints in {str(self.store.directory)!r} belong to a run with "
+                f"seed={saved_seed}, not seed={seed}; nothing was changed. Use a new workdir "
+                f"for a new run, or pass seed={saved_seed} to resume that one.")
+        if seed is None:
+            seed = saved_seed if saved_seed is not None else \
+                int(np.random.SeedSequence().generate_state(1)[0]) & _MAX_SEED
+        self.seed: int = seed
+        self.epoch, self.step = self.checkpoint.position if self.checkpoint else (0, 0)
+        self.resumed = self.checkpoint is not None
+        self.history: dict[str, list[float]] = {
+            k: list(v) for k, v in (self.checkpoint.state.get("history", {})
+                                    if self.checkpoint else {}).items()}
+        if deterministic:
+            import tensorflow as tf
+
+            tf.config.experimental.enable_op_determinism()
+        rng.seed_everything(self.seed)
+        log = self.workdir.log
+        self.log = MemoryLog(log, source="session",
+                             header=not (log.exists() and log.stat().st_size > 0))
+        self._restart_reason: str | None = None
+        self.callback = SessionCallback(self)
+        global _current
+        _current = self
+
+    def dataset(self, path: str | os.PathLike, batch_size: int, **kwargs: Any) -> Any:
+        """``memfit.dataset(path, batch_size, seed=self.seed, epoch=self.epoch, ...)``:
+        the stream positioned where this run resumes.
+
+        Example:
+            >>> train = s.dataset("data/train", 128, features=("x", "y"))  # doctest: +SKIP
+
+        Args:
+            path: the packed dataset.
+            batch_size: samples per batch.
+            **kwargs: any other :func:`memfit.dataset` argument (not ``seed``/``epoch``).
+        """
+        from memfit.data.stream import dataset
+
+        for name in ("seed", "epoch"):
+            if name in kwargs:
+                raise ValueError(f"Session.dataset sets {name} itself (the run's {name} "
+                                 f"is {getattr(self, name)}); call memfit.dataset to choose "
+                                 f"it. Received: {name}={kwargs[name]!r}")
+        return dataset(path, batch_size, seed=self.seed, epoch=self.epoch, **kwargs)
+
+    def request_restart(self, reason: str) -> None:
+        """Checkpoints after the current step and exits with code 75 for a restart
+        (only under a supervisor; otherwise it is ignored with a warning)."""
+        if not self.supervised:
+            print(f"memfit: restart asked ({reason}) but no supervisor runs this process "
+                  f"(start it with `memfit run -- ...`); going on.", file=sys.stderr)
+            return
+        self._restart_reason = reason
+
+    def pending_restart(self) -> str | None:
+        """Why the session should exit for a restart now, or ``None``."""
+        if self._restart_reason is None and self.supervised:
+            request = protocol.read_request(self.workdir.path)
+            if request is not None:
+                self._restart_reason = str(request["reason"])
+        return self._restart_reason
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> bool:
+        if isinstance(error, CheckpointError | SessionConfigError) and self.supervised:
+            # The supervisor must not restart a run that cannot work: say why, exit 78.
+            print(f"memfit: error: {error}", file=sys.stderr)
+            self.log.write("stop", reason="config", message=str(error))
+            self.log.close()
+            raise SystemExit(exitcodes.CONFIG) from None
+        self.log.close()
+        return False
+
+
+class SessionCallback(keras.callbacks.Callback):
+    """The Keras callback of a :class:`Session` (``s.callback``): restores at the start
+    of ``fit``, checkpoints at epoch ends, exits for a restart when asked.
+
+    Keep one per session; pass it to every ``fit`` call of the run.
+    """
+
+    def __init__(self, session: Session):
+        super().__init__()
+        self.session = session
+        self._position = (session.epoch, session.step)
+        self._epochs_here = 0
+        self._skip = 0
+        self._skip_logs: dict[str, float] = {}
+        self._original_train_function: Any = None
+        self._restore_metrics: dict[str, np.ndarray] | None = None
+        self._restored = False
+        self._epoch_done = False
+
+    # Restoring ----------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self._restored:              # a later fit() of the same process goes on
+            return
+        self._restored = True
+        s = self.session
+        ckpt = s.store.latest()
+        if ckpt is not None:
+            self._restore(ckpt)
+        self._check_baseline()
+        epoch, step = self._position
+        if epoch:
+            self.model._initial_epoch = epoch   # as keras.callbacks.BackupAndRestore does
+        if step:
+            self._skip_steps(step)
+        s.log.write("resume", epoch=epoch, step=step, fresh=ckpt is None, seed=s.seed,
+                    **sample().as_record())
+        if s.verbose and ckpt is not None:
+            print(f"memfit: resuming from {ckpt.path.name} at {where(epoch, step)} "
+                  f"(seed {s.seed})", file=sys.stderr)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        model = self.model
+        optimizer = model.optimizer
+        if optimizer is not None and not optimizer.built:
+            # Its slots (Adam's moments...) are made at the first step; the checkpoint's
+            # values need them now.
+            optimizer.build(model.trainable_variables)
+        saved = ckpt.state.get("fingerprint")
+        problem = _mismatch(saved, fingerprint(model)) if saved else None
+        if problem:
+            raise CheckpointError(
+                f"The workdir {str(self.session.workdir.path)!r} holds checkpoints of another "
+                f"model: {problem}. Nothing was overwritten. Use a new --workdir for this "
+                f"model, or remove {str(ckpt.path.parent)!r} to start over.")
+        model.load_weights(ckpt.weights)
+        with np.load(ckpt.arrays) as arrays:
+            extra = _extra_variables(model)
+            for i, variable in enumerate(extra):
+                key = f"variable_{i}"
+                if key in arrays.files and tuple(arrays[key].shape) == tuple(variable.shape):
+                    variable.assign(arrays[key])
+            self._restore_metrics = {k: arrays[k] for k in arrays.files
+                                     if k.startswith("metric_")} or None
+        rng.restore(ckpt.state["rng"])
+        self._position = ckpt.position
+        self._skip_logs = {k: float(v) for k, v in ckpt.state.get("logs", {}).items()}
+
+    def _skip_steps(self, step: int) -> None:
+        """Makes the first ``step`` training steps of the resumed epoch read their batch
+        and not train on it: those batches were trained on before the restart."""
+        model = self.model
+        per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+        self._skip = math.ceil(step / per_call)
+        self._original_train_function = model.train_function
+        logs = self._skip_logs
+
+        def skipping(data: Any) -> dict:
+            if self._skip > 0:
+                self._skip -= 1
+                # TensorFlow's train function pulls its batches from the iterator it is
+                # given (other backends get them pulled already, in a list).
+                if not isinstance(data, list | tuple):
+                    for _ in range(per_call):
+                        try:
+                            next(data)
+                        except StopIteration:
+                            break
+                return dict(logs)
+            self._unwrap()
+            return model.train_function(data)
+
+        model.train_function = skipping
+
+    def _unwrap(self) -> None:
+        if self._original_train_function is not None:
+            self.model.train_function = self._original_train_function
+            self._original_train_function = None
+
+    def _check_baseline(self) -> None:
+        limit = self.session.max_rss
+        if not limit:
+            return
+        now = sample().anon_or_total
+        if now >= limit:
+            raise SessionConfigError(
+                f"--max-rss {format_size(limit)} is below this training process's memory "
+                f"after start-up and model build ({format_size(now)}): every restart would "
+                f"hit it again. Give a --max-rss above {format_size(now)} plus what a "
+                f"training step needs (try {format_size(2 * now)}).")
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._epoch_done:
+            self._finish_epoch(last=False)
+        self._position = (epoch, self._position[1] if epoch == self._position[0] else 0)
+
+    def _continue_metrics(self) -> None:
+        """After the first step trained in a resumed, half-done epoch: add the metric
+        states of its first part, so that its logged means cover all its steps.
+
+        Keras builds its compiled metrics in the first step, after resetting them at the
+        epoch's start, so the saved sums and counts are added then: ``0 + c + saved``
+        equals the uninterrupted ``saved + c`` exactly (floating-point addition of two
+        numbers commutes). Keras's metric states are sums and counts.
+        """
+        saved, self._restore_metrics = self._restore_metrics, None
+        variables = [v for m in self.model.metrics for v in m.variables]
+        shapes = [tuple(saved.get(f"metric_{i}", np.empty(())).shape)
+                  for i in range(len(variables))]
+        if len(saved) != len(variables) or shapes != [tuple(v.shape) for v in variables]:
+            print("memfit: the metrics differ from the checkpoint's; this epoch's logged "
+                  "metrics cover only the steps since the resume", file=sys.stderr)
+            return
+        for i, variable in enumerate(variables):
+            variable.assign(variable.numpy() + saved[f"metric_{i}"])
+
+    # Checkpointing ------------------------------------------------------------------------
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._skip > 0 or self._original_train_function is not None:
+            return          # a skipped step: nothing new to save
+        if self._restore_metrics is not None:
+            self._continue_metrics()
+        epoch = self._position[0]
+        self._position = (epoch, batch + 1)
+        s = self.session
+        reason = s.pending_restart()
+        if reason is not None:
+            self._save(reason)
+            self._exit(reason)
+        if s.checkpoint_every and (batch + 1) % s.checkpoint_every == 0:
+            self._save("steps")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        s = self.session
+        for key, value in _scalar_logs(logs).items():
+            s.history.setdefault(key, []).append(value)
+        self._position = (epoch + 1, 0)
+        self._epochs_here += 1
+        # Saved when the other callbacks are done with this epoch (the progress bar has
+        # printed it, ReduceLROnPlateau has set the rate): at the next epoch's start or
+        # at the end of training.
+        self._epoch_done = True
+
+    def _finish_epoch(self, last: bool) -> None:
+        self._epoch_done = False
+        s = self.session
+        every = s.restart_every
+        reason = s.pending_restart()
+        if reason is None and every and self._epochs_here >= every and not last:
+            reason = f"every {every} epoch{'s' if every != 1 else ''}"
+        self._save(reason or "epoch")
+        if reason is not None and not last:
+            self._exit(reason)
+
+    def _save(self, reason: str) -> Checkpoint:
+        s = self.session
+        model = self.model
+        epoch, step = self._position
+        started = time.perf_counter()
+
+        def fill(directory: Path) -> None:
+            model.save_weights(directory / WEIGHTS_NAME)
+            arrays = {f"variable_{i}": np.asarray(v.numpy())
+                      for i, v in enumerate(_extra_variables(model))}
+            if step:
+                values = [v for m in model.metrics for v in m.variables]
+                arrays.update({f"metric_{i}": np.asarray(v.numpy())
+                               for i, v in enumerate(values)})
+            with open(directory / ARRAYS_NAME, "wb") as f:
+                np.savez(f, **arrays)
+
+        # The running means of a half-done epoch, shown for its skipped steps on resume.
+        logs = _scalar_logs(model.get_metrics_result()) if step else {}
+        state = {"epoch": epoch, "step": step, "seed": s.seed, "reason": reason,
+                 "history": s.history, "logs": logs,
+                 "rng": rng.capture(), "fingerprint": fingerprint(model)}
+        ckpt = s.store.write(state, fill)
+        s.log.write("checkpoint", epoch=epoch, step=step, reason=reason, name=ckpt.path.name,
+                    seconds=round(time.perf_counter() - started, 4), **sample().as_record())
+        return ckpt
+
+    def _exit(self, reason: str) -> None:
+        epoch, step = self._position
+        if self.session.verbose:
+            print(f"\nmemfit: checkpointed at {where(epoch, step)}; exiting with code "
+                  f"{exitcodes.RESTART} for a restart ({reason})", file=sys.stderr)
+        self.session.log.close()
+        # The checkpoint is on disk: leave at once. A normal exit would unwind the
+        # script and tear TensorFlow down (1-2 s here, every restart); the script's
+        # remaining code, `finally` blocks and atexit handlers are skipped, as they
+        # would be after the step if the process were killed.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(exitcodes.RESTART)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._epoch_done:
+            self._finish_epoch(last=True)
+        self._unwrap()
+        self.model._initial_epoch = None
+        history = getattr(self.model, "history", None)
+        if isinstance(history, keras.callbacks.History):
+            # fit() returns this object: make it hold every epoch of the run.
+            history.history = {k: list(v) for k, v in self.session.history.items()}
+            length = max((len(v) for v in history.history.values()), default=0)
+            history.epoch = list(range(length))
+
+
+def current() -> Session | None:
+    """The session this process made last (``MemoryMonitor(on_leak="restart")`` asks it
+    to checkpoint and restart), or ``None``."""
+    return _current
+
+
+def session(workdir: str | os.PathLike | None = None, *, seed: int | None = None,
+            checkpoint_every: int | None = None, deterministic: bool = False,
+            verbose: int = 1) -> Session:
+    """Makes a training script resumable: exact restarts, crash recovery, memory restarts.
+
+    Use it as a context manager around the training, pass ``s.callback`` to ``fit`` and
+    position the data with ``epoch=s.epoch`` (or ``s.dataset(...)``). Run the script
+    under ``memfit run`` to restart it every N epochs, at a memory threshold, or after a
+    crash; run alone, it resumes from its last checkpoint when started again.
+
+    Example:
+        >>> with memfit.session(seed=42) as s:                          # doctest: +SKIP
+        ...     model = build_model()              # an ordinary compiled Keras model
+        ...     train = s.dataset("data/train", 128, features=("x", "y"))
+        ...     model.fit(train, epochs=10, callbacks=[s.callback])
+
+    Args:
+        workdir: the run's workdir (checkpoints in ``WORKDIR/checkpoints``); default
+            ``$MEMFIT_WORKDIR`` (set by ``memfit run``), else ``memfit-run``.
+        seed: seeds Python, NumPy, TensorFlow and Keras at the start, and is the data
+            order's seed for ``s.dataset``. ``None``: the checkpoint's seed, else a new
+            random one (kept in the checkpoints). A seed different from the checkpoint's
+            is an error: it would be another run.
+        checkpoint_every: also checkpoint every this many steps (``None``: at epoch ends
+            only, and when a restart is asked).
+        deterministic: turn on TensorFlow's op determinism, for bit-identical resumes
+            (``tf.config.experimental.enable_op_determinism``; some ops then refuse to
+            run or run slower).
+        verbose: 0 for silence; 1 prints a line when resuming and when exiting to be
+            restarted.
+
+    Returns:
+        A :class:`Session`.
+
+    Raises:
+        CheckpointError: the workdir's checkpoints are unreadable or belong to another
+            run (another seed here; another model when ``fit`` begins). Nothing is
+            overwritten.
+    """
+    return Session(workdir, seed=seed, checkpoint_every=checkpoint_every,
+                   deterministic=deterministic, verbose=verbose)
