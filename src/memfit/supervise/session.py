@@ -228,13 +228,19 @@ class Session:
 
     def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> bool:
         if isinstance(error, CheckpointError | SessionConfigError) and self.supervised:
-            # The supervisor must not restart a run that cannot work: say why, exit 78.
-            print(f"memfit: error: {error}", file=sys.stderr)
-            self.log.write("stop", reason="config", message=str(error))
-            self.log.close()
-            raise SystemExit(exitcodes.CONFIG) from None
+            _refuse(error, self.log)
         self.log.close()
         return False
+
+
+def _refuse(error: Exception, log: MemoryLog | None) -> None:
+    """Under a supervisor, a run that cannot work must not be restarted: say why and exit
+    with ``memfit.exitcodes.CONFIG`` (78)."""
+    print(f"memfit: error: {error}", file=sys.stderr)
+    if log is not None:
+        log.write("stop", reason="config", message=str(error))
+        log.close()
+    raise SystemExit(exitcodes.CONFIG) from None
 
 
 class SessionCallback(keras.callbacks.Callback):
@@ -512,5 +518,10 @@ def session(workdir: str | os.PathLike | None = None, *, seed: int | None = None
             run (another seed here; another model when ``fit`` begins). Nothing is
             overwritten.
     """
-    return Session(workdir, seed=seed, checkpoint_every=checkpoint_every,
-                   deterministic=deterministic, verbose=verbose)
+    try:
+        return Session(workdir, seed=seed, checkpoint_every=checkpoint_every,
+                       deterministic=deterministic, verbose=verbose)
+    except CheckpointError as e:
+        if os.environ.get(protocol.SUPERVISOR_ENV):
+            _refuse(e, None)
+        raise

@@ -1,0 +1,58 @@
+"""memfit.session in this process: what it refuses, and what it gives a fresh run."""
+
+import pytest
+
+import memfit
+from memfit.supervise import CheckpointError, CheckpointStore, protocol
+
+
+def checkpoint_with_seed(workdir, seed):
+    CheckpointStore(workdir / "checkpoints").write(
+        {"epoch": 2, "step": 0, "seed": seed, "history": {"loss": [1.0, 0.5]}},
+        lambda d: None)
+
+
+def test_a_fresh_session_starts_at_zero_with_a_kept_seed(tmp_path):
+    with memfit.session(tmp_path, seed=5, verbose=0) as s:
+        assert (s.epoch, s.step, s.resumed, s.seed) == (0, 0, False, 5)
+        assert s.history == {}
+    with memfit.session(tmp_path / "b", verbose=0) as s:
+        assert 0 <= s.seed < 2**31       # a new random seed, kept in its checkpoints
+
+
+def test_a_session_takes_position_seed_and_history_from_the_checkpoint(tmp_path):
+    checkpoint_with_seed(tmp_path, 11)
+    with memfit.session(tmp_path, verbose=0) as s:
+        assert (s.epoch, s.step, s.resumed, s.seed) == (2, 0, True, 11)
+        assert s.history == {"loss": [1.0, 0.5]}
+        with pytest.raises(ValueError, match="Received: epoch=3"):
+            s.dataset("anywhere", 32, epoch=3)
+
+
+def test_another_seed_for_the_same_workdir_is_refused(tmp_path, monkeypatch):
+    checkpoint_with_seed(tmp_path, 11)
+    with pytest.raises(CheckpointError, match="seed=11, not seed=12"):
+        memfit.session(tmp_path, seed=12)
+    monkeypatch.setenv(protocol.SUPERVISOR_ENV, "1")
+    with pytest.raises(SystemExit) as e:         # under memfit run: exit 78, no restart
+        memfit.session(tmp_path, seed=12)
+    assert e.value.code == 78
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": -1}, "Received: seed=-1"),
+    ({"seed": "7"}, "Received: seed='7'"),
+    ({"checkpoint_every": 0}, "Received: checkpoint_every=0"),
+])
+def test_bad_arguments(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        memfit.session(tmp_path, **kwargs)
+
+
+def test_restart_requests_are_ignored_without_a_supervisor(tmp_path, capsys):
+    with memfit.session(tmp_path, verbose=0) as s:
+        protocol.write_request(tmp_path, "manual")
+        assert s.pending_restart() is None
+        s.request_restart("leak")
+        assert s.pending_restart() is None
+    assert "no supervisor runs this process" in capsys.readouterr().err
