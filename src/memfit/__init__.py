@@ -11,6 +11,7 @@ Public API (re-exports only):
     memfit.classify(...)      the verdict from epoch-end RSS values; memfit.malloc_trim()
     memfit.session(...)       in a training script: checkpoint every epoch, resume exactly
     memfit.run(...)           run a training command, restarting it from its checkpoints
+    memfit.estimate(...)      a Keras model's training memory, before running it
     memfit.parse_size / format_size
 """
 
@@ -32,7 +33,8 @@ from memfit.memory import (
 from memfit.supervise import RunResult, run
 
 __all__ = ["__version__", "Manifest", "Measurement", "MemoryMonitor", "PackResult", "Sample",
-           "RunResult", "Verdict", "classify", "dataset", "DatasetPlan", "format_size", "inspect",
+           "Estimate", "RunResult", "Verdict", "classify", "dataset", "DatasetPlan", "estimate",
+           "format_size", "inspect",
            "malloc_trim", "measure", "pack", "parse_size", "run", "sample", "session",
            "verify"]
 
@@ -47,6 +49,10 @@ def __getattr__(name: str) -> Any:
         from memfit.supervise.session import session
 
         return session
+    if name in ("estimate", "Estimate"):    # the package is callable: memfit.estimate(model, 32)
+        import memfit.estimate
+
+        return memfit.estimate if name == "estimate" else memfit.estimate.Estimate
     if name == "MemoryMonitor":
         from memfit.memory.monitor import MemoryMonitor
 

@@ -12,10 +12,21 @@ import sys
 from collections.abc import Sequence
 
 from memfit._version import __version__
-from memfit.cli import inspect_cmd, pack_cmd, report_cmd, run_cmd, verify_cmd, watch_cmd
+from memfit.cli import (
+    calibrate_cmd,
+    estimate_cmd,
+    find_batch_size_cmd,
+    inspect_cmd,
+    pack_cmd,
+    report_cmd,
+    run_cmd,
+    verify_cmd,
+    watch_cmd,
+)
 from memfit.errors import MemfitError
 
-SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd)
+SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd,
+               estimate_cmd, find_batch_size_cmd, calibrate_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

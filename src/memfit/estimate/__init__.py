@@ -1,0 +1,49 @@
+"""Estimate a Keras model's training memory before running it; find the batch size that fits.
+
+    memfit.estimate(model, 64)          the estimate (weights, optimizer slots, step peak...)
+    Estimator(model).max_batch_size(b)  the largest batch size whose estimate fits a budget
+    measure_training(model, 64)         real training steps in a child process, measured
+    find_batch_size(model, budget)      OOM-safe search with real steps in child processes
+    calibrate("cpu")                    the framework baseline of this machine, cached
+
+TensorFlow is imported when a model is built, not by importing this package.
+"""
+
+import sys
+import types
+from typing import Any
+
+from memfit.estimate.baseline import Calibration, calibrate, framework_baseline, load_calibration
+from memfit.estimate.measure import ChildResult, measure_training
+from memfit.estimate.model import EstimateError, ModelSpec
+from memfit.estimate.optimizers import OPTIMIZERS, slots_per_weight
+
+__all__ = ["Calibration", "ChildResult", "Estimate", "EstimateError", "Estimator",
+           "ModelSpec", "OPTIMIZERS", "SearchResult", "calibrate", "estimate",
+           "find_batch_size", "framework_baseline", "load_calibration", "measure_training",
+           "slots_per_weight"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Estimate", "Estimator", "estimate"):
+        from memfit.estimate import estimator
+
+        return getattr(estimator, name)
+    if name in ("find_batch_size", "SearchResult"):
+        from memfit.estimate import search
+
+        return getattr(search, name)
+    raise AttributeError(f"module 'memfit.estimate' has no attribute {name!r}")
+
+
+class _CallablePackage(types.ModuleType):
+    """``memfit.estimate`` is both this package and the function: calling the package
+    calls :func:`memfit.estimate.estimator.estimate`."""
+
+    def __call__(self, model: Any, batch_size: int, **kwargs: Any) -> Any:
+        from memfit.estimate.estimator import estimate
+
+        return estimate(model, batch_size, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

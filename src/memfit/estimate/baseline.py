@@ -1,0 +1,221 @@
+"""The framework baseline: memory a training process holds before it has a model.
+
+On the CPU it is the anonymous RSS of a fresh Python process after ``import tensorflow,
+keras`` and one eager op (the runtime and its thread pools started). On a GPU it is the
+device memory the driver charges to such a process (NVML: CUDA context, cuBLAS/cuDNN
+handles, TensorFlow's first allocator region): memory a per-process cap does not
+include. :func:`calibrate` measures it in a child process, once per machine, and caches
+it; :func:`framework_baseline` returns the cached value or a default.
+
+The cache is ``$XDG_CACHE_HOME/memfit/calibration.json`` (``~/.cache/memfit/...``),
+keyed by host, device and TensorFlow version, written atomically.
+
+Example:
+    >>> c = calibrate("cpu")                                    # doctest: +SKIP
+    >>> print(c)                                                # doctest: +SKIP
+    cpu baseline 217.4 MiB (TensorFlow 2.21.0, host build-01, 3 runs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from memfit.atomic import write_text_atomic
+from memfit.errors import MemfitError
+from memfit.memory.sizes import format_size
+
+__all__ = ["Calibration", "calibrate", "load_calibration", "framework_baseline",
+           "cache_path", "DEFAULT_BASELINE", "check_device"]
+
+FORMAT = "memfit-calibration"
+# Used until `memfit calibrate` ran: TF 2.21 + Keras 3 on x86-64 Linux (CPU: anonymous
+# RSS; GPU: NVML per-process memory of a CUDA context with TensorFlow started).
+DEFAULT_BASELINE = {"cpu": 220 * 2**20, "gpu": 600 * 2**20}
+
+
+class CalibrationError(MemfitError):
+    """The baseline could not be measured (no GPU, no NVML, the child failed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """A measured framework baseline.
+
+    Attributes:
+        device: ``"cpu"`` or ``"gpu:N"``.
+        baseline: bytes the framework holds before a model exists (CPU: anonymous RSS;
+            GPU: device memory charged to the process).
+        host_baseline: anonymous RSS of the same process (on a GPU, the host side).
+        interpreter: anonymous RSS of the bare Python interpreter, before the import.
+        tensorflow: TensorFlow version measured with.
+        keras: Keras version.
+        host: the machine (``platform.node()``).
+        runs: how many child processes were measured (the median is kept).
+        measured_at: Unix time.
+    """
+
+    device: str
+    baseline: int
+    host_baseline: int
+    interpreter: int
+    tensorflow: str
+    keras: str
+    host: str
+    runs: int
+    measured_at: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (f"{self.device} baseline {format_size(self.baseline)} (TensorFlow "
+                f"{self.tensorflow}, host {self.host}, median of {self.runs} runs; "
+                f"the bare interpreter: {format_size(self.interpreter)})")
+
+
+def check_device(device: str) -> str:
+    """``"cpu"``, ``"gpu"`` (= ``"gpu:0"``) or ``"gpu:N"``; raises for anything else."""
+    text = device.strip().lower() if isinstance(device, str) else ""
+    if text == "gpu":
+        text = "gpu:0"
+    if text == "cpu" or (text.startswith("gpu:") and text[4:].isdigit()):
+        return text
+    raise MemfitError(f"device must be 'cpu' or 'gpu:N' (such as 'gpu:0'). "
+                      f"Received: device={device!r}")
+
+
+def cache_path() -> Path:
+    """Where calibrations are cached (``$XDG_CACHE_HOME/memfit/calibration.json``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "memfit" / "calibration.json"
+
+
+def _key(device: str, tensorflow: str) -> str:
+    return f"{platform.node()}|{device}|tf{tensorflow}"
+
+
+def _tf_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _read_cache() -> dict:
+    path = cache_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return {}
+    return data.get("entries", {})
+
+
+def load_calibration(device: str = "cpu") -> Calibration | None:
+    """The cached calibration of this machine for ``device``, or ``None``."""
+    device = check_device(device)
+    entry = _read_cache().get(_key(device, _tf_version()))
+    if not entry:
+        return None
+    try:
+        return Calibration(**entry)
+    except TypeError:
+        return None
+
+
+def framework_baseline(device: str = "cpu") -> tuple[int, str]:
+    """The baseline in bytes and where it came from (``"calibrated"`` or ``"default"``)."""
+    device = check_device(device)
+    c = load_calibration(device)
+    if c is not None:
+        return c.baseline, "calibrated"
+    return DEFAULT_BASELINE["gpu" if device.startswith("gpu") else "cpu"], "default"
+
+
+def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
+              timeout: float = 300.0) -> Calibration:
+    """Measures the framework baseline in ``runs`` fresh child processes (the median).
+
+    Example:
+        >>> c = calibrate("cpu", runs=1)                        # doctest: +SKIP
+        >>> c.baseline > 100 * 2**20                            # doctest: +SKIP
+        True
+
+    Args:
+        device: ``"cpu"`` or ``"gpu:N"``.
+        runs: child processes to measure; the median is kept.
+        cache: write the result to :func:`cache_path` (atomically).
+        timeout: seconds per child.
+
+    Raises:
+        CalibrationError: when the child fails, or on a GPU without NVML or a GPU.
+    """
+    from memfit.estimate.measure import run_child
+
+    device = check_device(device)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a positive integer. Received: runs={runs!r}")
+    if device.startswith("gpu") and not _gpu_present():
+        raise CalibrationError(
+            f"No NVIDIA GPU is visible for {device}: NVML (the nvidia-ml-py package and an "
+            f"NVIDIA driver) reports none. Calibrate with --device cpu here.")
+    reports = []
+    for _ in range(runs):
+        r = run_child({"mode": "calibrate", "device": device}, timeout=timeout)
+        if r.status != "ok":
+            raise CalibrationError(f"The calibration child failed ({r.status}): {r.message}")
+        reports.append(r.report)
+    if device.startswith("gpu"):
+        values = [rep.get("nvml") for rep in reports]
+        if any(v is None for v in values):
+            raise CalibrationError(
+                f"No GPU memory was charged to the calibration process on {device}: "
+                f"NVML (the nvidia-ml-py package and an NVIDIA driver) or the GPU is not "
+                f"available. Calibrate with --device cpu here.")
+        baseline = int(statistics.median(values))
+    else:
+        baseline = int(statistics.median(rep["baseline_anon"] for rep in reports))
+    c = Calibration(device=device, baseline=baseline,
+                    host_baseline=int(statistics.median(rep["baseline_anon"]
+                                                        for rep in reports)),
+                    interpreter=int(statistics.median(rep["interpreter_anon"]
+                                                      for rep in reports)),
+                    tensorflow=reports[0]["tensorflow"], keras=reports[0]["keras"],
+                    host=platform.node(), runs=runs, measured_at=time.time())
+    if cache:
+        _write(c)
+    return c
+
+
+def _gpu_present() -> bool:
+    """Whether NVML sees at least one GPU (checked before starting a child for it)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount() > 0
+    except Exception:               # noqa: BLE001 - no package, no driver, no GPU
+        return False
+
+
+def _write(c: Calibration) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = _read_cache()
+        entries[_key(c.device, _tf_version())] = c.to_json()
+        write_text_atomic(path, json.dumps({"format": FORMAT, "version": 1,
+                                            "entries": entries}, indent=1))
+    except OSError as e:
+        raise CalibrationError(f"Cannot write the calibration cache {str(path)!r}: "
+                               f"{e.strerror}. Set XDG_CACHE_HOME to a writable "
+                               f"directory.") from None

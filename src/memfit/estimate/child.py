@@ -1,0 +1,159 @@
+"""The measuring child: ``python -m memfit.estimate.child '<json request>'``.
+
+Run by :mod:`memfit.estimate.measure` (never by hand), in a fresh process so that a model
+that does not fit can be killed without harm to the parent. It reports on stdout, one
+JSON object per line behind the marker ``MEMFIT-CHILD``:
+
+``{"event": "baseline", ...}``
+    after ``import tensorflow, keras`` and one eager op: the framework baseline, the
+    point every measured number is relative to (anonymous RSS, from the one probe).
+``{"event": "result", ...}``
+    after the training steps: ``peak_anon`` (the peak anonymous RSS from model load to
+    the end of the last step), ``measured`` (``peak_anon - baseline_anon``), the
+    anonymous RSS after compile and after the first step, step times.
+``{"event": "error", ...}``
+    a clear error (bad model...) or an out-of-memory error from TensorFlow.
+
+Requests: ``{"mode": "train", "model": {...}, "batch_size": 32, "dtype_policy": null,
+"optimizer": "adam", "steps": 3}``, ``{"mode": "calibrate"}``, or ``{"mode": "estimate",
+...}`` (the estimate, made in the child: ``find-batch-size`` never builds a model itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+MARKER = "MEMFIT-CHILD "
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Writes one report line for the parent."""
+    sys.stdout.write(MARKER + json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _framework_baseline(device: str) -> dict:
+    from memfit.memory.probe import nvml_memory, sample
+
+    before_import = sample()
+    import keras  # noqa: F401
+    import tensorflow as tf
+
+    with tf.device("/GPU:0" if device.startswith("gpu") else "/CPU:0"):
+        (tf.constant([1.0]) + 1.0).numpy()         # starts the runtime and its thread pools
+    s = sample()
+    out = {"baseline_anon": s.anon_or_total, "baseline_rss": s.rss,
+           "interpreter_anon": before_import.anon_or_total, "device": device,
+           "tensorflow": tf.__version__, "keras": keras.__version__}
+    if device.startswith("gpu"):
+        out["nvml"] = nvml_memory()
+    return out
+
+
+def _gpu_peak() -> int | None:
+    from memfit.memory.probe import tf_gpu_memory
+
+    info = tf_gpu_memory()
+    if not info:
+        return None
+    return max(v["peak"] for v in info.values())
+
+
+def train(request: dict) -> None:
+    """Measures the peak memory of a few training steps (see the module docstring)."""
+    device = request.get("device", "cpu")
+    base = _framework_baseline(device)
+    emit("baseline", **base)
+    from memfit.estimate.model import EstimateError, ModelSpec
+    from memfit.estimate.training import make_batch, prepare
+    from memfit.memory.probe import measure, nvml_memory, sample
+
+    spec = ModelSpec.from_json(request["model"])
+    batch_size = int(request["batch_size"])
+    steps = int(request.get("steps", 3))
+    times = []
+    import tensorflow as tf
+
+    try:
+        with measure(interval=0.005) as m:
+            setup = prepare(spec, dtype_policy=request.get("dtype_policy"),
+                            optimizer=request.get("optimizer"),
+                            input_shape=spec.input_shape)
+            compiled = sample().anon_or_total
+            x, y = make_batch(setup, batch_size)
+            first = None
+            for _ in range(steps):
+                t = time.perf_counter()
+                setup.model.train_on_batch(x, y)
+                times.append(time.perf_counter() - t)
+                if first is None:
+                    first = sample().anon_or_total
+    except EstimateError as e:
+        emit("error", kind="input", message=str(e))
+        sys.exit(2)
+    except (tf.errors.ResourceExhaustedError, MemoryError) as e:
+        emit("error", kind="oom", message=f"{type(e).__name__}: {str(e)[:300]}")
+        sys.exit(3)
+    peak, after = m.peak, m.after
+    assert peak is not None and after is not None
+    peak_anon = peak.anon_or_total
+    if peak.rss_anon is not None and after.rss_file is not None:
+        # The kernel's high-water mark of total RSS catches spikes between two samples;
+        # file-backed pages only grow during a run, so this bound is never too high.
+        peak_anon = max(peak_anon, peak.rss - after.rss_file - (after.rss_shmem or 0))
+    result = {"peak_anon": peak_anon, "measured": peak_anon - base["baseline_anon"],
+              "baseline_anon": base["baseline_anon"], "compiled_anon": compiled,
+              "first_step_anon": first, "after_anon": after.anon_or_total,
+              "step_seconds": times, "policy": setup.policy, "batch_size": batch_size,
+              "samples": m.samples}
+    if device.startswith("gpu"):
+        result["gpu_peak"] = _gpu_peak()
+        result["nvml"] = nvml_memory()
+    emit("result", **result)
+
+
+def estimate(request: dict) -> None:
+    """Runs the estimator here (so that a parent never builds a model it cannot hold)."""
+    from memfit.estimate.estimator import Estimator
+    from memfit.estimate.model import EstimateError, ModelSpec
+
+    spec = ModelSpec.from_json(request["model"])
+    try:
+        est = Estimator(spec, optimizer=request.get("optimizer"),
+                        dtype_policy=request.get("dtype_policy"),
+                        input_shape=spec.input_shape, device=request.get("device", "cpu"))
+        e = est.at(int(request.get("batch_size") or 1), budget=request.get("budget"))
+    except EstimateError as err:
+        emit("error", kind="input", message=str(err))
+        sys.exit(2)
+    emit("result", **e.to_json())
+
+
+def calibrate(request: dict) -> None:
+    """Reports the framework baseline of this machine (see :mod:`baseline`)."""
+    emit("result", **_framework_baseline(request.get("device", "cpu")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    request = json.loads(argv[0])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    mode = request.get("mode", "train")
+    if mode == "train":
+        train(request)
+    elif mode == "calibrate":
+        calibrate(request)
+    elif mode == "estimate":
+        estimate(request)
+    else:
+        emit("error", kind="input", message=f"unknown mode {mode!r}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

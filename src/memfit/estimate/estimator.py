@@ -1,0 +1,382 @@
+"""``memfit.estimate()``: the training memory of a Keras model, before running it.
+
+The estimate is the sum of parts a user can act on:
+
+* **weights**: every variable of the model, in its own dtype (float32 under
+  ``mixed_float16``: the policy changes what is computed, not what is stored);
+* **optimizer slots**: the optimizer's variables, counted on the optimizer built for
+  this model (Adam: 2 × the trainable weights; see :mod:`memfit.estimate.optimizers`);
+* **step peak**: the tensors alive at the worst moment of one training step, from
+  playing the traced step (:mod:`memfit.estimate.graph`), split into **activations**
+  (forward tensors kept for the backward pass, in the compute dtype) and **gradients**
+  (backward-pass tensors: weight gradients and their temporaries);
+* **input batch**: one batch of inputs and targets; **pipeline**: a ``tf.data`` budget
+  when given (``dataset_budget``: the budget of a ``memfit.dataset``);
+* **allocator retention**: glibc serves buffers up to its (dynamic, at most 32 MiB) mmap
+  threshold from per-thread heap arenas and keeps them when they are freed, so the
+  resident memory of those buffers is about ``HEAP_FACTOR`` × their peak, while larger
+  buffers are mapped and returned; fitted on the panel of
+  ``benchmarks/estimate_accuracy.py``;
+* **runtime**: what TensorFlow and Keras allocate for a model beyond its tensors — the
+  traced graph, the instantiated function and its kernels — per op of the step, fitted
+  on the same panel;
+* **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
+
+``model_bytes`` (everything but the baseline) predicts what
+:func:`memfit.estimate.measure.measure_training` measures; ``total`` adds the baseline
+and is what must fit in the budget.
+
+Example:
+    >>> import keras, memfit
+    >>> model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+    >>> e = memfit.estimate(model, 128, optimizer="adam")         # doctest: +SKIP
+    >>> e.optimizer_slots == 2 * e.weights                        # doctest: +SKIP
+    True
+    >>> print(e)                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from memfit.estimate.baseline import check_device, framework_baseline
+from memfit.estimate.graph import StepGraph, trace
+from memfit.estimate.layers import LayerRow, layer_rows, param_bytes
+from memfit.estimate.model import EstimateError, check_batch_size, check_policy
+from memfit.estimate.optimizers import check_optimizer, name_of
+from memfit.estimate.training import Setup, batch_bytes, prepare
+from memfit.memory.sizes import format_size, parse_size
+
+__all__ = ["Estimate", "Estimator", "estimate", "RUNTIME_FIXED", "RUNTIME_PER_OP",
+           "HEAP_FACTOR", "MMAP_FACTOR"]
+
+# Fitted on the panel of benchmarks/estimate_accuracy.py (see docs/estimate.md).
+# Least squares on relative error over the 60 measured cases; see docs/estimate.md.
+RUNTIME_FIXED = int(19.5 * 2**20)   # executor, thread pools, Keras trainer state
+RUNTIME_PER_OP = int(25.6 * 2**10)  # per op of the traced step: graph, function, kernels
+HEAP_FACTOR = 1.46                  # glibc heap arenas: RSS per byte of heap-served peak
+MMAP_FACTOR = 0.55                  # mapped buffers (see docs: absorbs the play's excess)
+MAX_BATCH = 1 << 24
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The estimated training memory of a model at one batch size (bytes).
+
+    Attributes:
+        model_name: the model's name.
+        batch_size: samples per step.
+        dtype_policy: the Keras dtype policy.
+        optimizer: the optimizer's name (``"adam"``, ``"sgd+momentum"``...).
+        device: ``"cpu"`` or ``"gpu:N"``.
+        layers: the per-layer table (:class:`memfit.estimate.layers.LayerRow`).
+        weights: all model variables.
+        optimizer_slots: all optimizer variables.
+        gradients: backward-pass tensors alive at the step's peak.
+        activations: forward-pass tensors alive at the step's peak.
+        input_batch: one batch of inputs and targets.
+        pipeline: input pipeline buffers (the ``dataset_budget`` given, else 0).
+        allocator: what glibc keeps beyond the live tensors: freed step buffers stay in
+            the heap arenas of the threads that allocated them (fitted, see the module
+            docstring).
+        runtime: the traced graph, function and kernels, per op (fitted).
+        baseline: the framework baseline; ``baseline_source`` says where it came from.
+        peak_op: the op of the training step at which the peak is reached.
+        params_trainable / params_non_trainable: parameter counts.
+        budget: the budget asked about, or ``None``.
+        max_batch_size: the largest batch size whose total fits ``budget`` (0: none
+            does), or ``None`` without a budget.
+        advice: what to change when it does not fit (empty otherwise).
+    """
+
+    model_name: str
+    batch_size: int
+    dtype_policy: str
+    optimizer: str
+    device: str
+    layers: tuple[LayerRow, ...]
+    weights: int
+    optimizer_slots: int
+    gradients: int
+    activations: int
+    allocator: int
+    input_batch: int
+    pipeline: int
+    runtime: int
+    baseline: int
+    baseline_source: str
+    peak_op: str
+    params_trainable: int
+    params_non_trainable: int
+    budget: int | None = None
+    max_batch_size: int | None = None
+    advice: tuple[str, ...] = ()
+
+    @property
+    def step_peak(self) -> int:
+        """Tensors alive at the step's peak: activations + gradients."""
+        return self.activations + self.gradients
+
+    @property
+    def model_bytes(self) -> int:
+        """Everything but the framework baseline: what ``--measure`` measures."""
+        return (self.weights + self.optimizer_slots + self.step_peak + self.allocator
+                + self.input_batch + self.pipeline + self.runtime)
+
+    @property
+    def total(self) -> int:
+        """The memory the training process needs: ``model_bytes`` + the baseline."""
+        return self.model_bytes + self.baseline
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether ``total`` fits the budget (``None`` without one)."""
+        return None if self.budget is None else self.total <= self.budget
+
+    def components(self) -> list[tuple[str, int]]:
+        """``(name, bytes)`` for each part, in the order printed."""
+        return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
+                ("gradients (at peak)", self.gradients),
+                ("activations (at peak)", self.activations),
+                ("allocator retention (glibc arenas)", self.allocator),
+                ("input batch", self.input_batch), ("input pipeline", self.pipeline),
+                ("runtime (graph, kernels)", self.runtime),
+                (f"framework baseline ({self.baseline_source})", self.baseline)]
+
+    def to_json(self) -> dict:
+        """A plain dict for ``--json`` (sizes in bytes)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "layers"}
+        out["layers"] = [row.to_json() for row in self.layers]
+        out["advice"] = list(self.advice)
+        out.update(step_peak=self.step_peak, model_bytes=self.model_bytes,
+                   total=self.total, fits=self.fits)
+        return out
+
+    def __str__(self) -> str:
+        rows = [("layer", "type", "params", "frozen", "output/sample", "kept/sample")]
+        for r in self.layers:
+            rows.append((r.name, r.type, f"{r.params_trainable:,}",
+                         f"{r.params_non_trainable:,}", format_size(r.output_bytes),
+                         format_size(r.kept_bytes)))
+        widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        lines = [f"memfit estimate: {self.model_name}, batch {self.batch_size}, "
+                 f"{self.dtype_policy}, {self.optimizer}, {self.device}", ""]
+        for i, row in enumerate(rows):
+            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+            cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+            lines.append("  ".join(cells))
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        lines.append("")
+        lines.append(f"params: {self.params_trainable:,} trainable, "
+                     f"{self.params_non_trainable:,} non-trainable")
+        width = max(len(n) for n, _ in self.components())
+        for name, value in self.components():
+            lines.append(f"  {name:<{width}}  {format_size(value):>10}")
+        lines.append(f"  {'total':<{width}}  {format_size(self.total):>10}")
+        lines.append(f"  (the step peaks at {self.peak_op})")
+        if self.budget is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"budget {format_size(self.budget)}: batch {self.batch_size} "
+                         f"{verdict}; largest batch size that fits: {self.max_batch_size}")
+        for line in self.advice:
+            lines.append(f"  - {line}")
+        return "\n".join(lines)
+
+
+class Estimator:
+    """A model prepared and traced once, to estimate at any batch size.
+
+    Example:
+        >>> est = Estimator("mymodels:make_cnn", dtype_policy="mixed_float16")  # doctest: +SKIP
+        >>> [est.at(b).total for b in (32, 64)]                                  # doctest: +SKIP
+        >>> est.max_batch_size("8GiB")                                           # doctest: +SKIP
+
+    Args:
+        model: a ``keras.Model``, a ``.keras`` path, or ``module:function``.
+        optimizer: an optimizer name (see :mod:`memfit.estimate.optimizers`), a Keras
+            optimizer, or ``None`` (the model's compiled optimizer, else Adam).
+        dtype_policy: a Keras dtype policy name, or ``None`` for the model's own.
+        input_shape: input shape(s) without the batch dimension, for a model that does
+            not know them (``(224, 224, 3)``).
+        dataset_budget: bytes (or ``"256MiB"``) of input pipeline buffers to count, e.g.
+            the ``memory_budget`` of a ``memfit.dataset``.
+        device: ``"cpu"`` or ``"gpu:N"``: whose baseline to add.
+    """
+
+    def __init__(self, model: Any, *, optimizer: Any = None, dtype_policy: str | None = None,
+                 input_shape: Any = None, dataset_budget: int | str | None = None,
+                 device: str = "cpu"):
+        check_policy(dtype_policy)
+        if isinstance(optimizer, str):
+            check_optimizer(optimizer)
+        self.device = check_device(device)
+        self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
+                                                                     name="dataset_budget")
+        self.setup: Setup = prepare(model, dtype_policy=dtype_policy, optimizer=optimizer,
+                                    input_shape=input_shape)
+        try:
+            self.step: StepGraph = trace(self.setup)
+        except EstimateError:
+            raise
+        except Exception as e:     # noqa: BLE001
+            raise EstimateError(f"Cannot trace a training step of the model "
+                                f"({type(e).__name__}: {e}).") from None
+        m = self.setup.model
+        self.weights = param_bytes(m.weights)
+        opt = self.setup.optimizer
+        variables = list(opt.variables)
+        inner = getattr(opt, "inner_optimizer", None)
+        if inner is not None:
+            variables += list(inner.variables)
+        self.slots = param_bytes(variables)
+        self.per_sample_input = batch_bytes(self.setup.inputs) + batch_bytes(self.setup.targets)
+        self.layers = tuple(layer_rows(m, self.step))
+        self.baseline, self.baseline_source = framework_baseline(self.device)
+
+    def _parts(self, batch_size: int) -> dict:
+        peak = self.step.peak(batch_size)
+        resident = HEAP_FACTOR * peak.heap_bytes + MMAP_FACTOR * peak.mmap_bytes
+        return {"gradients": peak.backward_bytes,
+                "activations": peak.bytes - peak.backward_bytes,
+                "allocator": max(0, int(resident) - peak.bytes),
+                "peak_op": peak.op,
+                "input_batch": self.per_sample_input * batch_size,
+                "runtime": RUNTIME_FIXED + RUNTIME_PER_OP * self.step.graph_ops}
+
+    def total(self, batch_size: int) -> int:
+        """``Estimate.total`` at ``batch_size``, without building the table."""
+        p = self._parts(batch_size)
+        return (self.weights + self.slots + p["gradients"] + p["activations"]
+                + p["allocator"] + p["input_batch"] + self.pipeline + p["runtime"]
+                + self.baseline)
+
+    def max_batch_size(self, budget: int | str) -> int:
+        """The largest batch size whose total fits ``budget`` (0 when not even 1 fits)."""
+        budget = parse_size(budget, name="budget")
+        if self.total(1) > budget:
+            return 0
+        lo, hi = 1, 2
+        while hi < MAX_BATCH and self.total(hi) <= budget:
+            lo, hi = hi, hi * 2
+        if hi >= MAX_BATCH and self.total(MAX_BATCH) <= budget:
+            return MAX_BATCH
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.total(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
+        """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
+        check_batch_size(batch_size)
+        budget_bytes = None if budget is None else parse_size(budget, name="budget")
+        p = self._parts(batch_size)
+        m = self.setup.model
+        trainable = sum(_numel(v.shape) for v in m.trainable_weights)
+        frozen = sum(_numel(v.shape) for v in m.non_trainable_weights)
+        e = Estimate(model_name=m.name, batch_size=batch_size, dtype_policy=self.setup.policy,
+                     optimizer=name_of(self.setup.optimizer), device=self.device,
+                     layers=self.layers, weights=self.weights, optimizer_slots=self.slots,
+                     gradients=p["gradients"], activations=p["activations"],
+                     allocator=p["allocator"], input_batch=p["input_batch"], pipeline=self.pipeline,
+                     runtime=p["runtime"], baseline=self.baseline,
+                     baseline_source=self.baseline_source, peak_op=p["peak_op"],
+                     params_trainable=trainable, params_non_trainable=frozen)
+        if budget_bytes is None:
+            return e
+        best = self.max_batch_size(budget_bytes)
+        return dataclasses.replace(e, budget=budget_bytes, max_batch_size=best,
+                                   advice=tuple(self.advice(e, budget_bytes, best)))
+
+    def advice(self, e: Estimate, budget: int, best: int) -> list[str]:
+        """What to change when batch ``e.batch_size`` does not fit ``budget``."""
+        if e.total <= budget:
+            return []
+        out = []
+        if best > 0:
+            out.append(f"use batch size {best} or smaller (batch {e.batch_size} needs "
+                       f"{format_size(e.total)}, the budget is {format_size(budget)})")
+        else:
+            fixed = e.weights + e.optimizer_slots + e.runtime + e.baseline + e.pipeline
+            out.append(f"not even batch size 1 fits (it needs {format_size(self.total(1))}); "
+                       f"weights, optimizer state, runtime and baseline alone need "
+                       f"{format_size(fixed)}")
+        if e.dtype_policy == "float32" and e.activations > e.weights:
+            out.append(f"mixed precision (--dtype-policy mixed_float16, or mixed_bfloat16) "
+                       f"stores activations in 16 bits: about {format_size(e.activations // 2)}"
+                       f" less at this batch size")
+        if e.optimizer_slots > e.weights // 2:
+            out.append(f"the optimizer keeps {format_size(e.optimizer_slots)} of state: SGD "
+                       f"keeps none, sgd+momentum one copy of the weights")
+        if self.pipeline:
+            out.append(f"a smaller dataset budget frees up to {format_size(self.pipeline)}")
+        heavy = sorted(self.layers, key=lambda r: r.kept_bytes, reverse=True)[:3]
+        kept_total = sum(r.kept_bytes for r in self.layers) or 1
+        if heavy and heavy[0].kept_bytes:
+            names = ", ".join(f"{r.name} ({r.kept_bytes * 100 // kept_total} %)" for r in heavy)
+            out.append(f"the layers keeping the most for the backward pass: {names}")
+        big = sorted(self.layers, key=lambda r: r.weight_bytes, reverse=True)[:1]
+        if big and big[0].weight_bytes > e.weights // 3:
+            out.append(f"{big[0].name} holds {format_size(big[0].weight_bytes)} of the "
+                       f"{format_size(e.weights)} of weights")
+        return out
+
+
+def _numel(shape: Any) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
+             dtype_policy: str | None = None, input_shape: Any = None,
+             dataset_budget: int | str | None = None, budget: int | str | None = None,
+             device: str = "cpu") -> Estimate:
+    """Estimates the memory that training ``model`` at ``batch_size`` needs.
+
+    Nothing is trained: the model is built (weights, optimizer state) and one training
+    step is traced; the step's tensors are played through their lifetimes. The model you
+    pass is compiled for the trace (with ``optimizer`` and a mean-squared-error loss);
+    pass a ``.keras`` path or ``module:function`` to leave your object alone.
+
+    Example:
+        >>> import keras, memfit
+        >>> model = keras.Sequential([keras.Input((784,)),
+        ...                           keras.layers.Dense(512, activation="relu"),
+        ...                           keras.layers.Dense(10)])
+        >>> e = memfit.estimate(model, 256, optimizer="adam", budget="1GiB")   # doctest: +SKIP
+        >>> e.weights, e.optimizer_slots                                        # doctest: +SKIP
+        (1627688, 3255384)
+        >>> e.fits, e.max_batch_size                                            # doctest: +SKIP
+
+    Args:
+        model: a ``keras.Model`` (Sequential, functional or subclassed), a ``.keras``
+            path, or ``module:function`` returning a model (keras.applications
+            functions get ``weights=None``).
+        batch_size: samples per training step (a positive integer).
+        optimizer: an optimizer name (``"sgd"``, ``"sgd+momentum"``, ``"adam"``,
+            ``"adamw"``, ``"rmsprop"``, ``"adagrad"``, ``"adadelta"``, ``"nadam"``...),
+            a Keras optimizer, or ``None`` (the model's compiled optimizer, else Adam).
+        dtype_policy: ``"float32"``, ``"mixed_float16"``, ``"mixed_bfloat16"``...;
+            ``None`` keeps the model's.
+        input_shape: shape of one sample without the batch dimension, for a model that
+            does not know it (subclassed, or Sequential without ``Input``).
+        dataset_budget: input pipeline buffers to count (a ``memfit.dataset`` budget).
+        budget: memory available; the estimate then says whether it fits, the largest
+            batch size that does, and what to change.
+        device: ``"cpu"`` or ``"gpu:N"``: which calibrated baseline to add.
+
+    Returns:
+        An :class:`Estimate`; ``print`` it for the table, ``.to_json()`` for tools.
+
+    Raises:
+        EstimateError: for a model that cannot be loaded or built, an unknown optimizer
+            or policy, or a batch size that is not a positive integer (each quoting it).
+    """
+    check_batch_size(batch_size)
+    return Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
+                     input_shape=input_shape, dataset_budget=dataset_budget,
+                     device=device).at(batch_size, budget=budget)

@@ -1,0 +1,489 @@
+"""The training step as a graph: trace it once, then play its tensors' lifetimes.
+
+The step (forward, loss, gradients, optimizer update) is traced with ``tf.function`` on
+a batch of :data:`PROBE_BATCH` samples: tracing is symbolic, nothing of that size is
+allocated. Every tensor in the graph has a static shape; a dimension that is a multiple
+of the probe batch is the batch dimension, so each tensor's size is known as
+``fixed + per_sample × batch`` for *any* batch size.
+
+:func:`simulate` then plays the graph the way TensorFlow's executor runs it: an op runs
+when its inputs (and control inputs) are ready, in the order they became ready; its
+outputs are allocated (or, for element-wise ops, take over an input buffer that nobody
+else needs: TensorFlow forwards such buffers in place); a buffer is freed after its last
+consumer ran. Views (``Identity``, ``Reshape``, ``ReadVariableOp``...) share their
+input's buffer. Control flow is followed: the branches of ``If``, the body of ``While``
+(whose accumulators — the per-time-step tensors kept for the backward pass, e.g. in an
+LSTM — are sized from the pushes in the body × the trip count), and called functions.
+Variables and the input batch are not counted here (they are separate components).
+
+Example:
+    >>> step = trace(setup)                                       # doctest: +SKIP
+    >>> step.peak(64).bytes                                      # doctest: +SKIP
+    211812352
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["PROBE_BATCH", "StepGraph", "Peak", "trace"]
+
+PROBE_BATCH = 997          # a prime that no layer dimension is likely to be a multiple of
+# glibc raises its mmap threshold to the size of each mapped block freed, up to 32 MiB on
+# 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): after the first step, smaller buffers come from
+# the heap arenas (and stay there when freed), larger ones are mapped and unmapped.
+MMAP_THRESHOLD_MAX = 32 * 2**20
+REORDER_COPIES = True
+
+# Ops whose output is a view of input 0: no new memory.
+_VIEWS = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+          "Snapshot", "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast",
+          "ReadVariableOp", "_Retval", "Placeholder", "OptionalFromValue",
+          "OptionalGetValue", "TensorListGetItem", "TensorListPopBack"}
+# Element-wise ops that TensorFlow lets write over an input buffer nobody else needs.
+_FORWARDING = {"Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign",
+               "Neg", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Abs", "Reciprocal",
+               "AddV2", "Add", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum",
+               "Minimum", "SquaredDifference", "BiasAdd", "ReluGrad", "Relu6Grad", "EluGrad",
+               "SeluGrad", "SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "Pow",
+               "FloorMod", "FloorDiv", "AddN", "Cast", "LeakyRelu", "LeakyReluGrad",
+               "MulNoNan", "Erf", "Softmax", "ClipByValue", "SelectV2", "Select",
+               "OnesLike", "ZerosLike", "Sign", "Floor", "Ceil", "Round", "Log1p", "Expm1",
+               "Sin", "Cos", "Inv", "InvGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad"}
+# Convolutions on the CPU (oneDNN) reorder their batch-sized operands into blocked
+# layouts for the duration of the op: a transient copy of each.
+_REORDERING = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+               "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
+               "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+               "_FusedConv2D"}
+_FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
+_LIST_WRITES = {"TensorListPushBack", "TensorListSetItem"}
+_NO_MEMORY_DTYPES = {"resource", "variant", "string"}
+
+
+@dataclasses.dataclass
+class _Op:
+    index: int
+    name: str
+    type: str
+    inputs: list[str]            # tensor names
+    controls: list[str]          # op names
+    outputs: list[tuple[str, int, int]]   # (tensor name, fixed bytes, per-sample bytes)
+    inner: tuple[int, int] = (0, 0)       # transient peak inside called functions
+    extra: tuple[int, int] = (0, 0)       # accumulators a While keeps for the backward pass
+
+
+@dataclasses.dataclass
+class Peak:
+    """The simulated peak of a training step at one batch size.
+
+    Attributes:
+        bytes: live tensor bytes at the peak (variables and the input batch excluded).
+        op: the op running when the peak was reached.
+        backward_bytes: of those, bytes of tensors produced by the backward pass
+            (gradients and their temporaries).
+        forward_bytes: bytes of tensors produced by the forward pass (activations kept
+            for the backward pass, and the loss).
+        by_layer: bytes at the peak per layer name (forward tensors, by producing op).
+        heap_bytes: the peak of live buffers small enough for glibc to serve from its
+            heap once the step has run (at most :data:`MMAP_THRESHOLD_MAX`, or the
+            largest buffer): memory glibc keeps after they are freed.
+        mmap_bytes: the peak of live larger buffers, which glibc maps and unmaps.
+    """
+
+    bytes: int
+    op: str
+    backward_bytes: int
+    forward_bytes: int
+    by_layer: dict[str, int]
+    heap_bytes: int = 0
+    mmap_bytes: int = 0
+
+
+class StepGraph:
+    """The traced training step: its ops, sizes, and a player for their lifetimes."""
+
+    def __init__(self, ops: list[_Op], fetches: set[str], graph_ops: int,
+                 scopes: dict[str, str] | None = None):
+        self.ops = ops
+        self.fetches = fetches
+        self.graph_ops = graph_ops         # ops in the step's graphs (functions included)
+        self.scopes = scopes or {}         # name scope -> the layer that was called in it
+        self._events: list | None = None
+        self._index = {op.name: op.index for op in ops}
+        self._accumulators: set[int] = set()
+
+    def layer_of(self, op_name: str, layer_names: set[str]) -> str | None:
+        """The innermost layer among ``layer_names`` whose call made ``op_name`` (forward
+        ops, and their gradients under ``gradient_tape/``), or ``None``."""
+        name = op_name.removeprefix("gradient_tape/")
+        best, depth = None, -1
+        parts = name.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            layer = self.scopes.get("/".join(parts[:i]))
+            if layer is not None and layer in layer_names and i > depth:
+                best, depth = layer, i
+                break
+        return best
+
+    # -- the schedule (independent of the batch size) --------------------------------
+
+    def _schedule(self) -> list:
+        """Plays the graph once; returns [(op, allocated buffers, freed buffers, inner)]."""
+        if self._events is not None:
+            return self._events
+        by_name = {op.name: op for op in self.ops}
+        producer: dict[str, _Op] = {}
+        for op in self.ops:
+            for t, _, _ in op.outputs:
+                producer[t] = op
+        consumers: dict[str, list[_Op]] = collections.defaultdict(list)
+        waiting: dict[str, int] = {}
+        for op in self.ops:
+            deps = {producer[t].name for t in op.inputs if t in producer}
+            deps |= {c for c in op.controls if c in by_name}
+            waiting[op.name] = len(deps)
+            for d in deps:
+                consumers[d].append(op)
+        reads: collections.Counter = collections.Counter()     # reads still to come
+        for op in self.ops:
+            for t in set(op.inputs):
+                reads[t] += 1
+        holds: dict[str, list[int]] = {}       # live tensor -> the buffers it keeps alive
+        users: collections.Counter = collections.Counter()     # live tensors per buffer
+        size: dict[int, tuple[int, int, str]] = {}
+        queue = collections.deque(op for op in self.ops if waiting[op.name] == 0)
+        done: set[str] = set()
+        events = []
+
+        def hold(t: str, buffers: list[int]) -> None:
+            holds[t] = buffers
+            for b in buffers:
+                users[b] += 1
+
+        def release(t: str, freed: list) -> None:
+            for b in holds.pop(t, []):
+                users[b] -= 1
+                if users[b] == 0:
+                    freed.append(b)
+
+        def new_buffer(fixed: int, per: int, owner: str, allocated: list) -> int:
+            b = len(size)
+            size[b] = (fixed, per, owner)
+            allocated.append(b)
+            return b
+
+        while queue:
+            op = queue.popleft()
+            if op.name in done:
+                continue
+            done.add(op.name)
+            allocated: list[int] = []
+            freed: list[int] = []
+            for t in set(op.inputs):
+                reads[t] -= 1
+            for i, (t, fixed, per) in enumerate(op.outputs):
+                if op.type in _VIEWS:
+                    source = op.inputs[i] if op.type == "IdentityN" else (
+                        op.inputs[0] if op.inputs else None)
+                    if source in holds:
+                        hold(t, list(holds[source]))
+                    continue                       # a view, a variable or an outside tensor
+                if fixed == 0 and per == 0:
+                    continue
+                taken = None
+                if op.type in _FORWARDING:
+                    for t_in in op.inputs:
+                        buffers = holds.get(t_in)
+                        if (buffers and len(buffers) == 1 and reads[t_in] == 0
+                                and users[buffers[0]] == 1 and t_in not in self.fetches
+                                and size[buffers[0]][:2] == (fixed, per)):
+                            taken = holds.pop(t_in)      # written over in place
+                            users[taken[0]] -= 1
+                            break
+                hold(t, taken or [new_buffer(fixed, per, op.name, allocated)])
+            if op.extra != (0, 0):
+                b = new_buffer(*op.extra, op.name, allocated)
+                self._accumulators.add(b)      # many per-step tensors, not one block
+                holders = [t for t, _, _ in op.outputs if reads[t] > 0]
+                for t in holders:                  # kept while its lists are read
+                    holds.setdefault(t, []).append(b)
+                    users[b] += 1
+                if not holders:
+                    freed.append(b)
+            for t, _, _ in op.outputs:
+                if reads[t] == 0 and t not in self.fetches:
+                    release(t, freed)               # nobody reads it
+            for t in set(op.inputs):
+                if reads[t] == 0 and t not in self.fetches:
+                    release(t, freed)
+            events.append((op, [(b, size[b]) for b in allocated], freed, op.inner))
+            for c in consumers[op.name]:
+                waiting[c.name] -= 1
+                if waiting[c.name] == 0:
+                    queue.append(c)
+        self._events = events
+        return events
+
+    # -- evaluation at a batch size -------------------------------------------------------
+
+    def peak(self, batch_size: int) -> Peak:
+        """The simulated peak of live tensor bytes at ``batch_size``, and the peaks of
+        the buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`)."""
+        events = self._schedule()
+        largest = max((fixed + per * batch_size for _, allocated, _, _ in events
+                       for b, (fixed, per, _) in allocated if b not in self._accumulators),
+                      default=0)
+        threshold = min(MMAP_THRESHOLD_MAX, largest)
+        live: dict[int, tuple[int, int, str]] = {}
+        total = heap = mapped = 0
+        best, best_at, best_live = -1, "", {}
+        heap_peak = mapped_peak = 0
+        for op, allocated, freed, inner in events:
+            for b, (fixed, per, name) in allocated:
+                live[b] = (fixed, per, name)
+                size = fixed + per * batch_size
+                total += size
+                if size <= threshold or b in self._accumulators:
+                    heap += size
+                else:
+                    mapped += size
+            transient = inner[0] + inner[1] * batch_size
+            heap_peak = max(heap_peak, heap + transient)
+            mapped_peak = max(mapped_peak, mapped)
+            if total + transient > best:
+                best, best_at, best_live = total + transient, op.name, dict(live)
+            for b in freed:
+                fixed, per, _ = live.pop(b)
+                size = fixed + per * batch_size
+                total -= size
+                if size <= threshold or b in self._accumulators:
+                    heap -= size
+                else:
+                    mapped -= size
+        backward = forward = 0
+        by_layer: dict[str, int] = collections.defaultdict(int)
+        first_backward = self._first_backward()
+        for fixed, per, name in best_live.values():
+            size = fixed + per * batch_size
+            if self._index[name] >= first_backward:
+                backward += size
+            else:
+                forward += size
+                by_layer[name] += size
+        return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
+                    forward_bytes=forward, by_layer=dict(by_layer), heap_bytes=heap_peak,
+                    mmap_bytes=mapped_peak)
+
+    def _first_backward(self) -> int:
+        """Creation index of the first backward op: ops made before it are the forward
+        pass and the loss; from it on, gradients and the optimizer update."""
+        return min((op.index for op in self.ops if op.name.startswith("gradient_tape/")),
+                   default=len(self.ops))
+
+    def kept_for_backward(self) -> dict[str, int]:
+        """Per-sample bytes of forward tensors that backward ops read, by producing op."""
+        producer = {t: (op, per) for op in self.ops for t, _, per in op.outputs}
+        kept: dict[str, int] = {}
+        for op in self.ops:
+            if not op.name.startswith("gradient_tape/"):
+                continue
+            for t in op.inputs:
+                src = producer.get(t)
+                if src is None or src[0].name.startswith("gradient_tape/"):
+                    continue
+                kept[t] = src[1]
+        out: dict[str, int] = collections.defaultdict(int)
+        for t, per in kept.items():
+            out[t.rsplit(":", 1)[0]] += per
+        return dict(out)
+
+
+def _sizes(tensor: Any) -> tuple[int, int]:
+    dtype = tensor.dtype
+    if dtype.name in _NO_MEMORY_DTYPES or tensor.shape.rank is None:
+        return 0, 0
+    dims = tensor.shape.as_list()
+    if any(d is None for d in dims):
+        return 0, 0
+    n = 1
+    for d in dims:
+        n *= d
+    size = n * dtype.size
+    if any(d > 0 and d % PROBE_BATCH == 0 for d in dims):
+        return 0, size // PROBE_BATCH
+    return size, 0
+
+
+def _function_graph(graph: Any, name: str) -> Any:
+    g = graph
+    while g is not None:
+        f = g._get_function(name) if hasattr(g, "_get_function") else None
+        if f is not None:
+            return getattr(f, "graph", None)
+        g = getattr(g, "outer_graph", None)
+    return None
+
+
+def _function_names(op: Any) -> list[str]:
+    names = []
+    for attr in _FUNCTION_ATTRS:
+        try:
+            value = op.get_attr(attr)
+        except (ValueError, TypeError):
+            continue
+        values = value if isinstance(value, list) else [value]
+        names += [v.name for v in values if hasattr(v, "name")]
+    return names
+
+
+def _constant(tensor: Any) -> int | None:
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        value = tensor_util.constant_value(tensor)
+    except Exception:                   # noqa: BLE001
+        return None
+    if value is None or getattr(value, "size", 0) != 1:
+        return None
+    return int(value.reshape(-1)[0])
+
+
+def _trip_count(op: Any) -> int:
+    """How many iterations a While runs: from the TensorLists it is given, else 1."""
+    trips = []
+    for t in op.inputs:
+        src = t.op
+        if src.type == "TensorListReserve":
+            n = _constant(src.inputs[1])
+            if n and n > 0:
+                trips.append(n)
+        elif src.type == "TensorListFromTensor":
+            dims = src.inputs[0].shape.as_list()
+            if dims and dims[0]:
+                trips.append(dims[0])
+    if len(op.inputs) > 1:
+        n = _constant(op.inputs[1])
+        if n and n > 0:
+            trips.append(n)
+    return max(trips) if trips else 1
+
+
+def _accumulated(body: Any, trips: int) -> tuple[int, int]:
+    """Bytes a While body writes into TensorLists over ``trips`` iterations (copies only:
+    pushing a variable read or a loop input shares its buffer)."""
+    fixed = per = 0
+    for op in body.get_operations():
+        if op.type not in _LIST_WRITES:
+            continue
+        item = op.inputs[-1]
+        if item.op.type in ("ReadVariableOp", "Placeholder", "Identity", "Const"):
+            continue
+        f, p = _sizes(item)
+        fixed += f * trips
+        per += p * trips
+    return fixed, per
+
+
+def _collect(graph: Any, depth: int = 0) -> tuple[list[_Op], int]:
+    ops = []
+    count = 0
+    for index, op in enumerate(graph.get_operations()):
+        count += 1
+        inner = (0, 0)
+        extra = (0, 0)
+        if depth < 8:
+            for fname in _function_names(op):
+                fg = _function_graph(graph, fname)
+                if fg is None:
+                    continue
+                sub_ops, sub_count = _collect(fg, depth + 1)
+                count += sub_count
+                sub = StepGraph(sub_ops, set(), sub_count)
+                p = _linear_peak(sub)
+                inner = (max(inner[0], p[0]), max(inner[1], p[1]))
+                if op.type in ("While", "StatelessWhile") and fname == op.get_attr("body").name:
+                    extra = _accumulated(fg, _trip_count(op))
+        if op.type in _REORDERING and REORDER_COPIES:
+            copies = [_sizes(t) for t in op.inputs]
+            inner = (inner[0], inner[1] + sum(p for _, p in copies))
+        ops.append(_Op(index=index, name=op.name, type=op.type,
+                       inputs=[t.name for t in op.inputs],
+                       controls=[c.name for c in op.control_inputs],
+                       outputs=[(t.name, *_sizes(t)) for t in op.outputs],
+                       inner=inner, extra=extra))
+    return ops, count
+
+
+def _linear_peak(step: StepGraph) -> tuple[int, int]:
+    """A function's transient peak as (fixed, per-sample), from two batch sizes."""
+    a, b = step.peak(1).bytes, step.peak(1001).bytes
+    per = max(0, (b - a) // 1000)
+    return max(0, a - per), per
+
+
+def trace(setup: Any) -> StepGraph:
+    """Traces one training step of a compiled model (see the module docstring).
+
+    Args:
+        setup: a :class:`memfit.estimate.training.Setup`.
+
+    Returns:
+        The :class:`StepGraph`; call ``.peak(batch_size)`` on it.
+    """
+    import tensorflow as tf
+
+    model = setup.model
+
+    def spec(shape: tuple[int, ...], dtype: str) -> Any:
+        return tf.TensorSpec((PROBE_BATCH, *shape), dtype)
+
+    xs = [spec(s, d) for s, d in setup.inputs]
+    ys = [spec(s, d) for s, d in setup.targets]
+    x = xs[0] if len(xs) == 1 else xs
+    y = ys[0] if len(ys) == 1 else ys
+    if hasattr(model, "_symbolic_build"):
+        model._symbolic_build(data_batch=(x, y, None))
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+    def step(x: Any, y: Any) -> Any:
+        return model.train_step((x, y))
+
+    scopes: dict[str, str] = {}
+    with _recording_scopes(model, scopes):
+        concrete = tf.function(step, autograph=False).get_concrete_function(x, y)
+    graph = concrete.graph
+    ops, count = _collect(graph)
+    fetches = {t.name for t in graph.outputs}
+    return StepGraph(ops, fetches, count, scopes)
+
+
+@contextlib.contextmanager
+def _recording_scopes(model: Any, scopes: dict[str, str]) -> Iterator[None]:
+    """Records the graph name scope each layer's ``call`` runs in, while tracing."""
+    import tensorflow as tf
+
+    patched = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        original = layer.call
+
+        def wrapped(*args: Any, _original: Any = original, _name: str = layer.name,
+                    **kwargs: Any) -> Any:
+            scope = tf.compat.v1.get_default_graph().get_name_scope()
+            scopes.setdefault(scope, _name)
+            return _original(*args, **kwargs)
+
+        object.__setattr__(layer, "call", functools.wraps(original)(wrapped))
+        patched.append(layer)
+    try:
+        yield
+    finally:
+        for layer in patched:
+            with contextlib.suppress(AttributeError):
+                object.__delattr__(layer, "call")

@@ -1,0 +1,195 @@
+"""Measuring real training steps in a child process, safely.
+
+:func:`run_child` starts ``python -m memfit.estimate.child`` with a request, watches the
+child's whole process tree with the one probe (:func:`memfit.memory.probe.sample`,
+``tree=True``) and kills it when its anonymous RSS passes ``budget``: a model that does
+not fit ends as ``"over-budget"``, never as an out-of-memory kill of this process.
+
+What is measured (CPU): the peak anonymous RSS of the training process from model load
+to the end of the last training step, minus its anonymous RSS right after
+``import tensorflow, keras`` and one eager op (the *framework baseline*). That delta is
+what the estimate's model part predicts; baseline + delta is what the process needs.
+
+Example:
+    >>> r = measure_training("mymodels:make_mlp", 64, dtype_policy="float32")  # doctest: +SKIP
+    >>> r.status, r.measured                                                   # doctest: +SKIP
+    ('ok', 51380224)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from memfit.errors import MemfitError
+from memfit.estimate.child import MARKER
+from memfit.estimate.model import ModelSpec, check_batch_size, check_policy
+from memfit.memory.probe import Sample, peak_of, sample
+
+__all__ = ["ChildResult", "run_child", "measure_training"]
+
+DEFAULT_TIMEOUT = 900.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildResult:
+    """What one measuring child reported.
+
+    Attributes:
+        status: ``"ok"``; ``"over-budget"`` (killed by the parent: its anonymous RSS
+            passed the budget); ``"oom"`` (TensorFlow or the kernel ran out of memory);
+            ``"error"`` (bad input: ``message`` says what); ``"timeout"``; ``"crashed"``.
+        measured: peak anonymous RSS over the framework baseline, in bytes (``ok`` only).
+        peak: the child's peak anonymous RSS in bytes, as the child measured it (``ok``),
+            else the largest the parent saw.
+        baseline: the child's anonymous RSS after importing TensorFlow and Keras.
+        report: everything the child reported (``result`` event).
+        message: for errors, what went wrong.
+        seconds: wall time of the child.
+    """
+
+    status: str
+    measured: int | None = None
+    peak: int | None = None
+    baseline: int | None = None
+    report: dict = dataclasses.field(default_factory=dict)
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+
+def _child_env(device: str) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = "-1"     # measure the CPU even on a GPU machine
+    elif device.startswith("gpu:"):
+        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+    return env
+
+
+def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+              interval: float = 0.02) -> ChildResult:
+    """Runs one measuring child and returns what it reported; never raises for its death.
+
+    Args:
+        request: the child's request (see :mod:`memfit.estimate.child`).
+        budget: kill the child when the anonymous RSS of its process tree passes this
+            many bytes (``None``: no limit).
+        timeout: seconds before the child is killed as ``"timeout"``.
+        interval: seconds between two samples of the child's memory.
+    """
+    device = request.get("device", "cpu")
+    start = time.time()
+    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as report:
+        # Files, not pipes: a chatty child can never block on a full pipe.
+        proc = subprocess.Popen([sys.executable, "-m", "memfit.estimate.child",
+                                 json.dumps(request)], stdout=report, stderr=err,
+                                text=True, env=_child_env(device))
+        status, seen = None, None
+        try:
+            while proc.poll() is None:
+                try:
+                    s: Sample | None = sample(proc.pid, tree=True)
+                except ProcessLookupError:
+                    s = None
+                if s is not None:
+                    seen = peak_of(seen, s)
+                    if budget is not None and s.anon_or_total > budget:
+                        status = "over-budget"
+                        break
+                if time.time() - start > timeout:
+                    status = "timeout"
+                    break
+                time.sleep(interval)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        report.seek(0)
+        out = report.read()
+        err.seek(0)
+        stderr = err.read()
+    seconds = time.time() - start
+    events = {}
+    for line in out.splitlines():
+        if line.startswith(MARKER):
+            record = json.loads(line[len(MARKER):])
+            events[record["event"]] = record
+    peak_seen = seen.anon_or_total if seen is not None else None
+    baseline = events.get("baseline", {}).get("baseline_anon")
+    if status is not None:
+        return ChildResult(status, peak=peak_seen, baseline=baseline, seconds=seconds,
+                           message=f"killed: {status}")
+    if "error" in events:
+        kind = events["error"].get("kind")
+        return ChildResult("oom" if kind == "oom" else "error", peak=peak_seen,
+                           baseline=baseline, message=events["error"].get("message", ""),
+                           seconds=seconds)
+    if "result" not in events:
+        code = proc.returncode
+        why = f"killed by signal {-code} (out of memory?)" if code < 0 else f"exit code {code}"
+        tail = "\n".join(stderr.strip().splitlines()[-5:])
+        return ChildResult("oom" if code == -9 else "crashed", peak=peak_seen,
+                           baseline=baseline, message=f"{why}\n{tail}".strip(),
+                           seconds=seconds)
+    result = events["result"]
+    return ChildResult("ok", measured=result.get("measured"),
+                       peak=result.get("peak_anon", peak_seen),
+                       baseline=result.get("baseline_anon", baseline), report=result,
+                       seconds=seconds)
+
+
+def measure_training(model: str | ModelSpec, batch_size: int, *,
+                     dtype_policy: str | None = None, optimizer: str | None = None,
+                     input_shape: Any = None, steps: int = 3, device: str = "cpu",
+                     budget: int | None = None,
+                     timeout: float = DEFAULT_TIMEOUT) -> ChildResult:
+    """Runs ``steps`` real training steps in a child process and measures their peak.
+
+    Example:
+        >>> r = measure_training("mymodels:make_mlp", 64)                 # doctest: +SKIP
+        >>> r.measured > 0                                                # doctest: +SKIP
+        True
+
+    Args:
+        model: a ``.keras`` path or ``module:function`` (a live model cannot be sent to
+            another process: save it first), or a :class:`ModelSpec`.
+        batch_size: samples per step.
+        dtype_policy: Keras dtype policy, e.g. ``"mixed_float16"``.
+        optimizer: an optimizer name (see :mod:`memfit.estimate.optimizers`).
+        input_shape: input shapes for a model that does not know them.
+        steps: training steps to run (the peak is reached in the first two).
+        device: ``"cpu"`` or ``"gpu:0"``.
+        budget: kill the child when its anonymous RSS passes this many bytes.
+        timeout: seconds before the child is killed.
+
+    Raises:
+        MemfitError: if ``model`` is a live model object.
+    """
+    check_batch_size(batch_size)
+    check_policy(dtype_policy)
+    if not isinstance(model, str | ModelSpec):
+        raise MemfitError("A measuring child needs the model as a .keras file or "
+                          "module:function: save it with model.save('model.keras') first.")
+    spec = model if isinstance(model, ModelSpec) else ModelSpec(model, _shapes(input_shape))
+    request = {"mode": "train", "model": spec.to_json(), "batch_size": batch_size,
+               "dtype_policy": dtype_policy,
+               "optimizer": optimizer if isinstance(optimizer, str) else None,
+               "steps": steps, "device": device}
+    return run_child(request, budget=budget, timeout=timeout)
+
+
+def _shapes(input_shape: Any) -> Any:
+    from memfit.estimate.model import parse_input_shape
+
+    return parse_input_shape(input_shape)

@@ -1,0 +1,367 @@
+"""Loading MODEL for the estimator: a ``.keras`` file, ``module:function``, or a live model.
+
+Everything the estimator, the measuring child and the batch-size search need to agree on
+lives here: how a model is loaded, under which dtype policy it is built, what its input
+and target tensors look like, and which loss and optimizer it is compiled with. The
+estimating process and the child process call the same functions, so they train the
+same thing.
+
+Example:
+    >>> spec = ModelSpec("keras.applications:MobileNetV2",
+    ...                  input_shape=[(96, 96, 3)])                   # doctest: +SKIP
+    >>> model = load(spec, "mixed_float16")                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from memfit.errors import MemfitError
+
+__all__ = ["ModelSpec", "EstimateError", "load", "parse_input_shape", "check_policy",
+           "check_batch_size", "input_specs", "target_specs", "policy_scope", "describe"]
+
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
+
+
+class EstimateError(MemfitError, ValueError):
+    """A model, shape, batch size, optimizer or policy the estimator cannot use as given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How to get the model: what the user typed, and the input shapes they gave.
+
+    Attributes:
+        source: a ``.keras`` path, or ``module:function`` (``path/to/file.py:function``
+            works too); the function is called without arguments and returns a model.
+        input_shape: one shape per model input, without the batch dimension (e.g.
+            ``[(224, 224, 3)]``); only needed when the model does not know it.
+    """
+
+    source: str
+    input_shape: tuple[tuple[int, ...], ...] | None = None
+
+    def to_json(self) -> dict:
+        return {"source": self.source,
+                "input_shape": None if self.input_shape is None else
+                [list(s) for s in self.input_shape]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelSpec:
+        shapes = data.get("input_shape")
+        return cls(data["source"], None if shapes is None else
+                   tuple(tuple(int(d) for d in s) for s in shapes))
+
+
+def parse_input_shape(value: str | Sequence[int] | Sequence[Sequence[int]] | None
+                      ) -> tuple[tuple[int, ...], ...] | None:
+    """Parses ``"224,224,3"`` (or ``"224x224x3"``; several inputs: ``"32,32,3;10"``).
+
+    Example:
+        >>> parse_input_shape("96,96,3")
+        ((96, 96, 3),)
+        >>> parse_input_shape([(28, 28), (10,)])
+        ((28, 28), (10,))
+
+    Args:
+        value: a string, one shape (a sequence of ints), several shapes, or ``None``.
+
+    Raises:
+        EstimateError: quoting the value when it is not a shape of positive integers.
+    """
+    if value is None:
+        return None
+    bad = EstimateError(f"input_shape must be the shape of one sample without the batch "
+                        f"dimension, such as '224,224,3' (several inputs: '32,32,3;10'). "
+                        f"Received: input_shape={value!r}")
+    try:
+        if isinstance(value, str):
+            parts = [p for p in value.replace(" ", "").split(";") if p]
+            shapes = [tuple(int(d) for d in p.replace("x", ",").strip("()[]").split(",") if d)
+                      for p in parts]
+        elif value and all(isinstance(d, int) for d in value):
+            shapes = [tuple(int(d) for d in value)]           # type: ignore[arg-type]
+        else:
+            shapes = [tuple(int(d) for d in s) for s in value]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise bad from None
+    if not shapes or any(not s or any(d <= 0 for d in s) for s in shapes):
+        raise bad
+    return tuple(shapes)
+
+
+def check_batch_size(batch_size: Any, name: str = "batch_size") -> int:
+    """Returns ``batch_size`` as an int, or raises a clear error for anything not ≥ 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise EstimateError(f"{name} must be a positive integer, such as 32. "
+                            f"Received: {name}={batch_size!r}")
+    return batch_size
+
+
+def check_policy(policy: str | None) -> str | None:
+    """Validates a Keras dtype policy name (``None``: the model's own).
+
+    Raises:
+        EstimateError: for an unknown name, listing the known ones.
+    """
+    if policy is None:
+        return None
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise EstimateError(f"Unknown dtype policy: use one of {', '.join(POLICIES)}. "
+                            f"Received: dtype_policy={policy!r}")
+    return policy
+
+
+@contextlib.contextmanager
+def policy_scope(policy: str | None) -> Iterator[None]:
+    """Sets Keras's global dtype policy for the block (nothing when ``policy`` is None)."""
+    if policy is None:
+        yield
+        return
+    import keras
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _load_file(path: Path) -> Any:
+    import keras
+
+    if not path.exists():
+        raise EstimateError(f"No model file at {str(path)!r}: give a .keras file or "
+                            f"module:function. Received: model={str(path)!r}")
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as e:          # noqa: BLE001 - any failure means "not a Keras model"
+        raise EstimateError(f"{str(path)!r} is not a Keras model file that Keras can load "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                            f"Give a file saved with model.save('model.keras'), or "
+                            f"module:function returning a model.") from None
+
+
+def _import_function(source: str) -> Any:
+    module_name, _, attr = source.rpartition(":")
+    if not module_name or not attr:
+        raise EstimateError(f"MODEL must be a .keras file or module:function. "
+                            f"Received: model={source!r}")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = Path(module_name)
+            if not path.exists():
+                raise EstimateError(f"No Python file {module_name!r} for model={source!r}.")
+            spec = importlib.util.spec_from_file_location(f"_memfit_model_{path.stem}", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except EstimateError:
+        raise
+    except Exception as e:          # noqa: BLE001
+        raise EstimateError(f"Cannot import {module_name!r} for model={source!r}: "
+                            f"{type(e).__name__}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise EstimateError(f"{module_name!r} has no attribute {attr!r} "
+                            f"(model={source!r}).") from None
+
+
+def _call_factory(factory: Any, source: str, input_shape: Any) -> Any:
+    kwargs = {}
+    if input_shape is not None and getattr(factory, "__module__", "").startswith(
+            "keras.src.applications"):
+        kwargs = {"weights": None, "input_shape": input_shape[0]}
+    elif getattr(factory, "__module__", "").startswith("keras.src.applications"):
+        kwargs = {"weights": None}
+    try:
+        return factory(**kwargs)
+    except Exception as e:          # noqa: BLE001 - the user's code: report, don't crash
+        raise EstimateError(f"The model factory {source!r} raised {type(e).__name__}: {e}. "
+                            f"Fix the function so that it returns a keras.Model.") from None
+
+
+def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
+         input_shape: Any = None) -> Any:
+    """Loads or builds the model under ``dtype_policy`` (``None``: as saved/defined).
+
+    A live ``keras.Model`` is used as it is, unless a policy is given: it is then cloned
+    layer by layer under that policy (new, untrained weights: only memory matters here).
+
+    Example:
+        >>> model = load("mymodels:make_cnn", "mixed_float16")         # doctest: +SKIP
+
+    Args:
+        source: a ``.keras`` path, ``module:function``, a :class:`ModelSpec`, or a model.
+        dtype_policy: a Keras dtype policy name, e.g. ``"mixed_float16"``.
+        input_shape: shapes of the inputs without the batch dimension, used to build a
+            model that does not know them (see :func:`parse_input_shape`).
+
+    Raises:
+        EstimateError: for a missing or non-Keras file, a factory that raises or returns
+            something else, or an unknown policy; each quotes the value.
+    """
+    import keras
+
+    dtype_policy = check_policy(dtype_policy)
+    if isinstance(source, ModelSpec):
+        input_shape = source.input_shape if input_shape is None else input_shape
+        source = source.source
+    input_shape = parse_input_shape(input_shape)
+    if isinstance(source, keras.Model):
+        model = source
+        if dtype_policy is not None and _policy_name(model) != dtype_policy:
+            model = _clone_under(model, dtype_policy)
+        return model
+    if not isinstance(source, str | os.PathLike):
+        raise EstimateError(f"model must be a keras.Model, a .keras file or module:function. "
+                            f"Received: model={source!r} of type {type(source).__name__}")
+    text = os.fspath(source)
+    with policy_scope(dtype_policy):
+        if text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text):
+            model = _load_file(Path(text))
+            if dtype_policy is not None and _policy_name(model) != dtype_policy:
+                model = _clone_under(model, dtype_policy)
+        else:
+            model = _call_factory(_import_function(text), text, input_shape)
+    if not isinstance(model, keras.Model):
+        raise EstimateError(f"{text!r} returned {type(model).__name__}, not a keras.Model. "
+                            f"Return the model from the function.")
+    return model
+
+
+def _policy_name(model: Any) -> str:
+    return getattr(getattr(model, "dtype_policy", None), "name", "float32")
+
+
+def _clone_under(model: Any, policy: str) -> Any:
+    import keras
+
+    def clone(layer: Any) -> Any:
+        config = layer.get_config()
+        config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    with policy_scope(policy):
+        try:
+            return keras.models.clone_model(model, clone_function=clone)
+        except Exception as e:      # noqa: BLE001
+            raise EstimateError(f"Cannot rebuild the model under dtype_policy={policy!r} "
+                                f"({type(e).__name__}: {e}). Build it under the policy "
+                                f"yourself (keras.config.set_dtype_policy) and pass "
+                                f"dtype_policy=None.") from None
+
+
+def input_specs(model: Any, input_shape: Any = None) -> list[tuple[tuple[int, ...], str]]:
+    """The model's inputs as ``(shape without batch, dtype)`` pairs, building it if needed.
+
+    Raises:
+        EstimateError: when neither the model nor ``input_shape`` gives the shapes; the
+            message says how to give one (``--input-shape 224,224,3``).
+    """
+    import keras
+
+    shapes = parse_input_shape(input_shape)
+    inputs = None
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if inputs and all(None not in tuple(t.shape)[1:] for t in inputs):
+        known = [(tuple(int(d) for d in t.shape[1:]), keras.backend.standardize_dtype(t.dtype))
+                 for t in inputs]
+        if shapes is not None and [s for s, _ in known] != list(shapes):
+            raise EstimateError(f"input_shape={_fmt(shapes)} does not match the model's "
+                                f"inputs {_fmt(tuple(s for s, _ in known))}; leave it out.")
+        return known
+    if shapes is None:
+        build = getattr(model, "_build_shapes_dict", None) or {}
+        values = [tuple(v) for v in build.values() if isinstance(v, tuple | list)]
+        if values and all(len(v) > 1 and None not in v[1:] for v in values):
+            shapes = tuple(tuple(int(d) for d in v[1:]) for v in values)
+    if shapes is None:
+        raise EstimateError(
+            f"The model {getattr(model, 'name', '?')!r} has no known input shape (it was not "
+            f"built on an Input). Give the shape of one sample without the batch dimension: "
+            f"--input-shape 224,224,3 on the command line, input_shape=(224, 224, 3) in "
+            f"Python.")
+    dtype = "int32" if _first_layer_is_embedding(model) else "float32"
+    if inputs:
+        dtypes = [keras.backend.standardize_dtype(t.dtype) for t in inputs]
+        if len(dtypes) == len(shapes):
+            return list(zip(shapes, dtypes, strict=True))
+    return [(s, dtype) for s in shapes]
+
+
+def _first_layer_is_embedding(model: Any) -> bool:
+    import keras
+
+    layers = getattr(model, "layers", None) or []
+    return bool(layers) and isinstance(layers[0], keras.layers.Embedding)
+
+
+def _fmt(shapes: Any) -> str:
+    return ";".join(",".join(str(d) for d in s) for s in shapes)
+
+
+def _symbolic_inputs(specs: list[tuple[tuple[int, ...], str]], batch: int | None) -> Any:
+    import keras
+
+    tensors = [keras.KerasTensor((batch, *s), dtype=d) for s, d in specs]
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def ensure_built(model: Any, specs: list[tuple[tuple[int, ...], str]]) -> Any:
+    """Builds the model (its variables) from the input specs; returns symbolic outputs.
+
+    Raises:
+        EstimateError: when the model cannot be called on inputs of these shapes.
+    """
+    import keras
+
+    x = _symbolic_inputs(specs, None)
+    try:
+        return keras.src.backend.compute_output_spec(model, x)
+    except Exception as e:          # noqa: BLE001
+        raise EstimateError(f"The model cannot be called on inputs of shape "
+                            f"{_fmt([s for s, _ in specs])} ({type(e).__name__}: {e}). "
+                            f"Check --input-shape.") from None
+
+
+def target_specs(outputs: Any) -> list[tuple[tuple[int, ...], str]]:
+    """Targets shaped like the model outputs (float32), for an MSE loss per output."""
+    import keras
+
+    flat = keras.tree.flatten(outputs)
+    return [(tuple(int(d) if d is not None else 1 for d in t.shape[1:]), "float32")
+            for t in flat]
+
+
+def describe(model: Any) -> str:
+    """``'name (Functional, 1.2M params)'`` for messages and tables."""
+    kind = type(model).__name__
+    n = sum(int(_numel(v.shape)) for v in model.weights)
+    return f"{model.name} ({kind}, {n:,} params)"
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

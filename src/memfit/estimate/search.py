@@ -1,0 +1,193 @@
+"""``memfit find-batch-size``: the largest batch size that really fits, found safely.
+
+Every attempt runs in a child process (:func:`memfit.estimate.measure.measure_training`)
+whose process tree this process watches with the one probe: a child whose anonymous RSS
+passes the budget is killed and the batch size "does not fit"; so is one that runs out
+of memory on its own. This process builds no model and never holds the memory at stake.
+
+The search starts from the estimate (made in a child too): the largest batch size whose
+estimated total fits. It then brackets the answer with real steps — growing by
+``step_factor`` from a batch that fits, shrinking from one that does not — and bisects
+until the bracket is within ``precision`` (or ``max_trials`` children ran).
+
+Example:
+    >>> r = find_batch_size("mymodels:make_cnn", "2GiB")          # doctest: +SKIP
+    >>> print(r)                                                  # doctest: +SKIP
+    largest batch size that fits 2.0 GiB: 412 (measured peak 1.96 GiB; estimate said 420)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memfit.estimate.measure import ChildResult, measure_training, run_child
+from memfit.estimate.model import EstimateError, ModelSpec, check_policy, parse_input_shape
+from memfit.estimate.optimizers import check_optimizer
+from memfit.memory.sizes import format_size, parse_size
+
+__all__ = ["SearchResult", "Trial", "find_batch_size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One child process of the search: a batch size, what happened, the peak seen."""
+
+    batch_size: int
+    status: str
+    peak: int | None
+    seconds: float
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """What :func:`find_batch_size` found.
+
+    Attributes:
+        batch_size: the largest batch size that ran within the budget (0: none did).
+        peak: its measured peak anonymous RSS in bytes (the whole process).
+        budget: the budget, in bytes.
+        estimated: the batch size the estimate proposed (the search's start).
+        smallest_failing: the smallest batch size that did not fit, or ``None``.
+        trials: every child run, in order.
+        advice: what to change when nothing fits.
+    """
+
+    batch_size: int
+    peak: int | None
+    budget: int
+    estimated: int
+    smallest_failing: int | None
+    trials: tuple[Trial, ...]
+    advice: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["trials"] = [dataclasses.asdict(t) for t in self.trials]
+        out["advice"] = list(self.advice)
+        return out
+
+    def __str__(self) -> str:
+        lines = []
+        for t in self.trials:
+            peak = format_size(t.peak) if t.peak is not None else "n/a"
+            lines.append(f"  batch {t.batch_size:>7}: {t.status:<11} peak {peak:>10}  "
+                         f"({t.seconds:.0f} s)")
+        if self.batch_size:
+            head = (f"largest batch size that fits {format_size(self.budget)}: "
+                    f"{self.batch_size} (measured peak {format_size(self.peak)}; the "
+                    f"estimate said {self.estimated})")
+        else:
+            head = f"no batch size fits {format_size(self.budget)}"
+        return "\n".join([head, *lines, *(f"  - {a}" for a in self.advice)])
+
+
+def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
+                       optimizer: str | None, device: str, timeout: float) -> dict:
+    r = run_child({"mode": "estimate", "model": spec.to_json(), "batch_size": 1,
+                   "budget": budget, "dtype_policy": policy, "optimizer": optimizer,
+                   "device": device}, timeout=timeout)
+    if r.status == "error":
+        raise EstimateError(r.message)
+    if r.status != "ok":
+        raise EstimateError(f"The estimate failed in its child process ({r.status}): "
+                            f"{r.message}")
+    return r.report
+
+
+def find_batch_size(model: str | ModelSpec, budget: int | str, *,
+                    dtype_policy: str | None = None, optimizer: str | None = None,
+                    input_shape: Any = None, steps: int = 2, device: str = "cpu",
+                    precision: float = 0.0, max_trials: int = 10, step_factor: float = 1.25,
+                    start: int | None = None, timeout: float = 900.0,
+                    on_trial: Any = None) -> SearchResult:
+    """Finds the largest batch size whose real training steps stay within ``budget``.
+
+    Example:
+        >>> r = find_batch_size("mymodels:make_mlp", "1GiB", optimizer="adam")  # doctest: +SKIP
+        >>> r.batch_size, format_size(r.peak)                                   # doctest: +SKIP
+        (3100, '1016.2 MiB')
+
+    Args:
+        model: a ``.keras`` path or ``module:function`` (children load it themselves).
+        budget: the memory the training process may use (``"2GiB"`` or bytes): its
+            anonymous RSS, framework included.
+        dtype_policy: Keras dtype policy for the children.
+        optimizer: optimizer name (see :mod:`memfit.estimate.optimizers`).
+        input_shape: input shape(s) for a model that does not know them.
+        steps: training steps per child.
+        device: ``"cpu"`` (``"gpu:N"``: children run there; the budget is still host
+            RSS).
+        precision: stop when the bracket is within this fraction of the answer (0:
+            exact, to one sample).
+        max_trials: the most child processes to run.
+        step_factor: how fast to grow or shrink while bracketing.
+        start: the first batch size to try (default: the estimate's).
+        timeout: seconds per child.
+        on_trial: called with each :class:`Trial` as it ends (for progress output).
+
+    Raises:
+        EstimateError: for a model that cannot be loaded (found by the estimate), or
+            bad arguments, each quoting the value.
+    """
+    budget_bytes = parse_size(budget, name="budget")
+    check_policy(dtype_policy)
+    if optimizer is not None:
+        optimizer = check_optimizer(optimizer)
+    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
+        raise EstimateError(f"max_trials must be a positive integer. "
+                            f"Received: max_trials={max_trials!r}")
+    if not step_factor > 1:
+        raise EstimateError(f"step_factor must be above 1. Received: step_factor={step_factor!r}")
+    spec = model if isinstance(model, ModelSpec) else ModelSpec(
+        str(model), parse_input_shape(input_shape))
+    report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout)
+    estimated = int(report.get("max_batch_size") or 0)
+    trials: list[Trial] = []
+    cache: dict[int, ChildResult] = {}
+
+    def attempt(b: int) -> bool:
+        if b not in cache:
+            r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
+                                 steps=steps, device=device, budget=budget_bytes,
+                                 timeout=timeout)
+            if r.status == "error":
+                raise EstimateError(r.message)
+            cache[b] = r
+            trial = Trial(b, r.status, r.peak, r.seconds)
+            trials.append(trial)
+            if on_trial is not None:
+                on_trial(trial)
+        return cache[b].fits
+
+    lo, hi = 0, None                     # largest fitting, smallest failing
+    b = max(1, start if start is not None else estimated)
+    while len(trials) < max_trials:
+        if attempt(b):
+            lo = b
+            if hi is not None:
+                break
+            b = max(b + 1, int(b * step_factor))
+        else:
+            hi = b
+            if lo or b == 1:
+                break
+            b = max(1, int(b / step_factor))
+    while (hi is not None and hi - lo > 1 and len(trials) < max_trials
+           and (lo == 0 or (hi - lo) / lo > precision)):
+        mid = (lo + hi) // 2 if lo else max(1, hi // 2)
+        if attempt(mid):
+            lo = mid
+        else:
+            hi = mid
+    advice: tuple[str, ...] = ()
+    if lo == 0:
+        advice = tuple(report.get("advice") or ()) or (
+            "nothing fits: use mixed precision, a lighter optimizer, or a smaller model",)
+    return SearchResult(batch_size=lo, peak=cache[lo].peak if lo else None,
+                        budget=budget_bytes, estimated=estimated, smallest_failing=hi,
+                        trials=tuple(trials), advice=advice)

@@ -1,0 +1,118 @@
+"""The training step that is estimated and measured: one definition for both sides.
+
+The estimator traces this step; the measuring child (:mod:`memfit.estimate.child`) runs
+it. Both get the model from :func:`memfit.estimate.model.load`, compile it with the same
+optimizer and loss (mean squared error per output against float32 targets shaped like
+the outputs: the loss barely matters for memory), and feed the same batch.
+
+Example:
+    >>> setup = prepare("mymodels:make_cnn", optimizer="adam")          # doctest: +SKIP
+    >>> x, y = make_batch(setup, 32)                                   # doctest: +SKIP
+    >>> setup.model.train_on_batch(x, y)                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memfit.estimate.model import (
+    EstimateError,
+    ensure_built,
+    input_specs,
+    load,
+    policy_scope,
+    target_specs,
+)
+from memfit.estimate.optimizers import make_optimizer
+
+__all__ = ["Setup", "prepare", "make_batch", "batch_bytes"]
+
+DEFAULT_OPTIMIZER = "adam"
+
+
+@dataclasses.dataclass
+class Setup:
+    """A model compiled for training, with the shapes of its batch.
+
+    Attributes:
+        model: the compiled Keras model.
+        inputs: ``(shape without batch, dtype)`` per input.
+        targets: ``(shape without batch, dtype)`` per target.
+        policy: the dtype policy name the model was built under.
+        optimizer: the optimizer it was compiled with (a Keras object).
+    """
+
+    model: Any
+    inputs: list[tuple[tuple[int, ...], str]]
+    targets: list[tuple[tuple[int, ...], str]]
+    policy: str
+    optimizer: Any
+
+
+def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = None,
+            input_shape: Any = None, loss: str = "mse") -> Setup:
+    """Loads, builds and compiles the model for the training step.
+
+    Args:
+        source: what :func:`memfit.estimate.model.load` takes.
+        dtype_policy: a Keras dtype policy name, or ``None`` for the model's own.
+        optimizer: a name from :data:`memfit.estimate.optimizers.OPTIMIZERS`, a Keras
+            optimizer, or ``None``: the model's compiled optimizer, else Adam.
+        input_shape: input shapes for a model that does not know them.
+        loss: the Keras loss to compile with.
+
+    Raises:
+        EstimateError: see :func:`memfit.estimate.model.load`.
+    """
+    model = load(source, dtype_policy, input_shape=input_shape)
+    with policy_scope(dtype_policy):
+        specs = input_specs(model, input_shape)
+        outputs = ensure_built(model, specs)
+        if optimizer is None:
+            compiled = getattr(model, "optimizer", None)
+            optimizer = (getattr(compiled, "inner_optimizer", compiled)
+                         if compiled is not None else DEFAULT_OPTIMIZER)
+            if not isinstance(optimizer, str):
+                optimizer = optimizer.__class__.from_config(optimizer.get_config())
+        opt = make_optimizer(optimizer)
+        try:
+            model.compile(optimizer=opt, loss=loss)
+        except Exception as e:      # noqa: BLE001
+            raise EstimateError(f"Cannot compile the model for training "
+                                f"({type(e).__name__}: {e}).") from None
+    policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
+    return Setup(model=model, inputs=specs, targets=target_specs(outputs), policy=policy,
+                 optimizer=model.optimizer)
+
+
+def make_batch(setup: Setup, batch_size: int) -> tuple[Any, Any]:
+    """A batch of ``batch_size`` samples as TensorFlow tensors: ``(x, y)``.
+
+    Float inputs are uniform in [0, 1); integer inputs are zeros (valid indices for an
+    Embedding); targets are zeros.
+    """
+    import tensorflow as tf
+
+    def one(shape: tuple[int, ...], dtype: str, random: bool) -> Any:
+        full = (batch_size, *shape)
+        if random and dtype.startswith("float"):
+            return tf.random.uniform(full, dtype=dtype)
+        return tf.zeros(full, dtype=dtype)
+
+    xs = [one(s, d, True) for s, d in setup.inputs]
+    ys = [one(s, d, False) for s, d in setup.targets]
+    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
+
+
+def batch_bytes(specs: list[tuple[tuple[int, ...], str]]) -> int:
+    """Bytes of one sample of these tensors."""
+    import numpy as np
+
+    total = 0
+    for shape, dtype in specs:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * np.dtype(dtype if dtype != "bfloat16" else "float16").itemsize
+    return total

@@ -1,0 +1,54 @@
+"""Tiny models for the estimator's tests, loaded by module:function (also in children)."""
+
+import keras
+
+
+def tiny() -> keras.Model:
+    """Input 8 -> Dense(4, relu) -> Dense(2): 46 parameters."""
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Dense(2)], name="tiny")
+
+
+def tiny_functional() -> keras.Model:
+    x = keras.Input((8,))
+    h = keras.layers.Dense(4, activation="relu")(x)
+    return keras.Model(x, keras.layers.Dense(2)(h), name="tiny_functional")
+
+
+class TinySubclassed(keras.Model):
+    def __init__(self) -> None:
+        super().__init__(name="tiny_subclassed")
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x: object) -> object:
+        return self.out(self.hidden(x))
+
+
+def tiny_subclassed() -> keras.Model:
+    return TinySubclassed()
+
+
+def nested() -> keras.Model:
+    inner = keras.Sequential([keras.layers.Dense(4, activation="relu")], name="inner")
+    x = keras.Input((8,))
+    return keras.Model(x, keras.layers.Dense(2)(inner(x)), name="outer")
+
+
+def no_input_shape() -> keras.Model:
+    return keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2)])
+
+
+def raises() -> keras.Model:
+    raise RuntimeError("the factory is broken on purpose")
+
+
+def not_a_model() -> str:
+    return "a string"
+
+
+def wide() -> keras.Model:
+    """Memory grows fast with the batch: 2048 -> 2048 -> 2048 -> 10 (about 8.4M params)."""
+    return keras.Sequential([keras.Input((2048,)), keras.layers.Dense(2048, activation="relu"),
+                             keras.layers.Dense(2048, activation="relu"),
+                             keras.layers.Dense(10)], name="wide")

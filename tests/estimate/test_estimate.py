@@ -1,0 +1,169 @@
+"""The estimator's numbers against hand computation, on a 46-parameter model.
+
+tiny: Input 8 -> Dense(4, relu) -> Dense(2). Parameters: 8*4 + 4 = 36 and 4*2 + 2 = 10,
+46 in all: 184 bytes of float32 weights.
+"""
+
+from pathlib import Path
+
+import pytest
+
+import memfit
+from memfit.estimate import EstimateError, Estimator, slots_per_weight
+from memfit.estimate.optimizers import OPTIMIZERS, make_optimizer
+
+MODELS = Path(__file__).with_name("models.py")
+TINY = f"{MODELS}:tiny"
+WEIGHTS = 46 * 4
+SCALARS = 8 + 4          # every Keras optimizer: iterations (int64) and learning_rate (float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_adam():
+    return Estimator(TINY, optimizer="adam")
+
+
+def test_weights_gradients_and_adam_slots_match_hand_computation(tiny_adam):
+    e = tiny_adam.at(16)
+    assert (e.params_trainable, e.params_non_trainable) == (46, 0)
+    assert e.weights == WEIGHTS
+    assert e.optimizer_slots == 2 * WEIGHTS + SCALARS          # m and v per weight
+    assert e.input_batch == 16 * (8 + 2) * 4                   # x and y, float32
+    rows = {r.type + str(i): r for i, r in enumerate(e.layers)}
+    first, second = e.layers
+    assert (first.params_trainable, second.params_trainable) == (36, 10)
+    assert (first.output_bytes, second.output_bytes) == (4 * 4, 2 * 4)   # per sample
+    # The ReLU output is read by ReluGrad and by the second MatMul's gradient: kept.
+    assert first.kept_bytes == 16 and second.kept_bytes == 0
+    assert len(rows) == 2
+    # Every weight gradient is alive at some point: at least the weights' size.
+    assert e.gradients >= WEIGHTS
+    assert e.total == e.model_bytes + e.baseline
+    assert e.model_bytes == (e.weights + e.optimizer_slots + e.gradients + e.activations
+                             + e.allocator + e.input_batch + e.pipeline + e.runtime)
+
+
+def test_activations_grow_linearly_with_the_batch(tiny_adam):
+    small, big = tiny_adam.at(1000), tiny_adam.at(2000)
+    per_sample = (big.step_peak - small.step_peak) / 1000
+    # At least the kept ReLU output (16 B) and the output (8 B) per sample.
+    assert 24 <= per_sample <= 200
+    assert big.input_batch == 2 * small.input_batch
+
+
+@pytest.mark.parametrize("name", [n for n in OPTIMIZERS if n != "adafactor"])
+def test_slot_table_matches_the_optimizers_keras_builds(name):
+    import keras
+
+    variables = [keras.Variable(keras.ops.zeros((8, 4))), keras.Variable(keras.ops.zeros((4,)))]
+    optimizer = make_optimizer(name)
+    optimizer.build(variables)
+    full = sum(1 for v in optimizer.variables if tuple(v.shape) in ((8, 4), (4,)))
+    assert full == 2 * slots_per_weight(name), name
+    assert slots_per_weight(optimizer) == slots_per_weight(name)
+
+
+def test_sgd_keeps_no_slots_and_momentum_one():
+    sgd = Estimator(TINY, optimizer="sgd").at(8)
+    momentum = Estimator(TINY, optimizer="sgd+momentum").at(8)
+    assert sgd.optimizer_slots == SCALARS
+    assert momentum.optimizer_slots == WEIGHTS + SCALARS
+    assert momentum.optimizer == "sgd+momentum"
+
+
+def test_mixed_float16_keeps_float32_weights_and_halves_activations(tiny_adam):
+    mixed = Estimator(TINY, optimizer="adam", dtype_policy="mixed_float16").at(16)
+    plain = tiny_adam.at(16)
+    assert mixed.dtype_policy == "mixed_float16"
+    assert mixed.weights == plain.weights == WEIGHTS           # variables stay float32
+    # The loss-scale optimizer adds its own scalars (step counter, scale...) to Adam's.
+    assert 2 * WEIGHTS + SCALARS < mixed.optimizer_slots <= 2 * WEIGHTS + SCALARS + 32
+    assert [r.output_bytes for r in mixed.layers] == [8, 4]    # float16 outputs
+    assert mixed.input_batch == plain.input_batch              # inputs arrive as float32
+
+
+@pytest.mark.parametrize("factory,shape", [("tiny_functional", None), ("nested", None),
+                                           ("tiny_subclassed", (8,))])
+def test_sequential_functional_nested_and_subclassed_agree(tiny_adam, factory, shape):
+    e = memfit.estimate(f"{MODELS}:{factory}", 16, optimizer="adam", input_shape=shape)
+    plain = tiny_adam.at(16)
+    assert (e.weights, e.optimizer_slots, e.input_batch) == (
+        plain.weights, plain.optimizer_slots, plain.input_batch)
+    assert [r.params_trainable for r in e.layers] == [36, 10]
+    assert abs(e.step_peak - plain.step_peak) <= 256
+
+
+def test_a_live_model_and_keras_applications_work():
+    import keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    e = memfit.estimate(model, 4, optimizer="sgd")
+    assert e.weights == (8 * 3 + 3) * 4
+    app = memfit.estimate("keras.applications:MobileNetV3Small", 2,
+                          input_shape=(32, 32, 3), optimizer="sgd")
+    assert app.params_trainable > 1_000_000 and app.params_non_trainable > 0
+    assert app.activations > 0 and len(app.layers) > 100
+
+
+def test_budget_gives_the_largest_batch_and_advice(tiny_adam):
+    e = tiny_adam.at(64)
+    budget = e.total + 10_000 * 24                 # room for a few thousand more samples
+    fitted = tiny_adam.at(64, budget=budget)
+    assert fitted.fits and fitted.max_batch_size > 64
+    assert tiny_adam.at(fitted.max_batch_size).total <= budget
+    assert tiny_adam.at(fitted.max_batch_size + 1).total > budget
+    too_big = tiny_adam.at(fitted.max_batch_size * 4, budget=budget)
+    assert too_big.fits is False
+    assert any(f"batch size {fitted.max_batch_size}" in a for a in too_big.advice)
+    nothing = tiny_adam.at(8, budget="1MiB")
+    assert nothing.max_batch_size == 0 and "not even batch size 1" in nothing.advice[0]
+
+
+def test_dataset_budget_is_counted_as_the_pipeline():
+    e = memfit.estimate(TINY, 8, optimizer="sgd", dataset_budget="64MiB")
+    assert e.pipeline == 64 * 2**20
+    assert e.to_json()["pipeline"] == 64 * 2**20
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"batch_size": -3}, "batch_size=-3"),
+    ({"batch_size": 2.5}, "batch_size=2.5"),
+    ({"optimizer": "adamx"}, "optimizer='adamx'"),
+    ({"dtype_policy": "float8"}, "dtype_policy='float8'"),
+])
+def test_bad_arguments_are_clear_errors(kwargs, message):
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(EstimateError, match=message.replace("(", r"\(")):
+        memfit.estimate(TINY, args.pop("batch_size"), **args)
+
+
+def test_bad_models_are_clear_errors(tmp_path):
+    junk = tmp_path / "junk.keras"
+    junk.write_text("not a model")
+    with pytest.raises(EstimateError, match="is not a Keras model file"):
+        memfit.estimate(str(junk), 4)
+    with pytest.raises(EstimateError, match="No model file"):
+        memfit.estimate(str(tmp_path / "missing.keras"), 4)
+    with pytest.raises(EstimateError, match="raised RuntimeError: the factory is broken"):
+        memfit.estimate(f"{MODELS}:raises", 4)
+    with pytest.raises(EstimateError, match="returned str, not a keras.Model"):
+        memfit.estimate(f"{MODELS}:not_a_model", 4)
+    with pytest.raises(EstimateError, match="has no attribute 'nope'"):
+        memfit.estimate(f"{MODELS}:nope", 4)
+    with pytest.raises(EstimateError, match="--input-shape 224,224,3"):
+        memfit.estimate(f"{MODELS}:no_input_shape", 4)
+    with pytest.raises(EstimateError, match="input_shape must be"):
+        memfit.estimate(f"{MODELS}:no_input_shape", 4, input_shape="a,b")
+
+
+def test_a_saved_keras_file_loads_and_matches(tmp_path):
+    import keras
+
+    from tests.estimate.models import tiny
+
+    path = tmp_path / "tiny.keras"
+    tiny().save(path)
+    e = memfit.estimate(str(path), 16, optimizer="adam")
+    assert e.weights == WEIGHTS and e.optimizer_slots == 2 * WEIGHTS + SCALARS
+    keras.backend.clear_session()

@@ -1,0 +1,83 @@
+"""Real training steps in child processes: --measure, the budget watchdog, the search."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from memfit.cli import main
+from memfit.estimate import find_batch_size, measure_training
+from memfit.memory.sizes import parse_size
+
+MODELS = Path(__file__).with_name("models.py")
+TINY = f"{MODELS}:tiny"
+
+
+def test_estimate_json_for_tools(capsys):
+    assert main(["estimate", TINY, "--batch-size", "8", "--optimizer", "adam", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["weights"] == 184 and out["optimizer_slots"] == 2 * 184 + 12
+    assert out["batch_size"] == 8 and out["dtype_policy"] == "float32"
+    assert [row["params_trainable"] for row in out["layers"]] == [36, 10]
+    assert out["total"] == out["model_bytes"] + out["baseline"]
+
+
+def test_estimate_table_with_a_budget_that_does_not_fit(capsys):
+    assert main(["estimate", TINY, "--batch-size", "8", "--budget", "10MiB"]) == 1
+    text = capsys.readouterr().out
+    assert "optimizer slots" in text and "does NOT fit" in text
+    assert "not even batch size 1 fits" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch-size", "0"], "batch_size=0"),
+    (["--optimizer", "adamx"], "optimizer='adamx'"),
+    (["--dtype-policy", "float8"], "dtype_policy='float8'"),
+    (["--budget", "lots"], "budget='lots'"),
+])
+def test_cli_bad_input_is_one_clear_line_and_exit_2(capsys, argv, message):
+    assert main(["estimate", TINY, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit estimate: error:") and message in err
+
+
+def test_cli_model_without_input_shape_says_how_to_give_one(capsys):
+    assert main(["estimate", f"{MODELS}:no_input_shape"]) == 2
+    assert "--input-shape 224,224,3" in capsys.readouterr().err
+    assert main(["estimate", f"{MODELS}:no_input_shape", "--input-shape", "8",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params_trainable"] == 8 * 4 + 4 + 4 * 2 + 2
+
+
+def test_measure_compares_with_real_steps_in_a_child(capsys):
+    assert main(["estimate", f"{MODELS}:wide", "--batch-size", "64", "--optimizer", "sgd",
+                 "--measure", "--steps", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    m = out["measure"]
+    assert m["status"] == "ok" and m["measured"] > 0
+    assert m["peak"] == m["baseline"] + m["measured"]
+    # A loose bound: the panel (benchmarks/estimate_accuracy.py) measures the accuracy.
+    assert math.isfinite(m["relative_error"]) and abs(m["relative_error"]) < 0.5
+
+
+def test_a_child_over_budget_is_killed_and_does_not_fit():
+    r = measure_training(TINY, 8, budget=parse_size("60MiB"))   # TensorFlow alone is more
+    assert r.status == "over-budget" and not r.fits
+    assert r.peak is not None and r.peak > parse_size("60MiB")
+
+
+def test_find_batch_size_with_a_tight_budget():
+    budget = parse_size("420MiB")
+    r = find_batch_size(f"{MODELS}:wide", budget, optimizer="sgd", steps=1,
+                        precision=0.3, max_trials=2)
+    assert r.batch_size > 0 and r.peak is not None and r.peak <= budget
+    assert r.estimated > 0
+    fitting = [t for t in r.trials if t.fits]
+    failing = [t for t in r.trials if not t.fits]
+    assert max(t.batch_size for t in fitting) == r.batch_size
+    assert all(t.batch_size > r.batch_size for t in failing)
+    assert all(t.status in ("over-budget", "oom") for t in failing)
+    if r.smallest_failing is not None:
+        assert r.smallest_failing > r.batch_size
+    assert f"fits 420.0 MiB: {r.batch_size}" in str(r)
