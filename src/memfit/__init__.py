@@ -12,6 +12,8 @@ Public API (re-exports only):
     memfit.session(...)       in a training script: checkpoint every epoch, resume exactly
     memfit.run(...)           run a training command, restarting it from its checkpoints
     memfit.estimate(...)      a Keras model's training memory, before running it
+    memfit.share(...)         run several trainings on one device within a memory budget
+    memfit.configure_device() in a job: the GPU memory cap (or growth) memfit share hands down
     memfit.parse_size / format_size
 """
 
@@ -32,11 +34,10 @@ from memfit.memory import (
 )
 from memfit.supervise import RunResult, run
 
-__all__ = ["__version__", "Manifest", "Measurement", "MemoryMonitor", "PackResult", "Sample",
-           "Estimate", "RunResult", "Verdict", "classify", "dataset", "DatasetPlan", "estimate",
-           "format_size", "inspect",
-           "malloc_trim", "measure", "pack", "parse_size", "run", "sample", "session",
-           "verify"]
+__all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", "MemoryMonitor",
+           "PackResult", "RunResult", "Sample", "Verdict", "classify", "configure_device",
+           "dataset", "estimate", "format_size", "inspect", "malloc_trim", "measure", "pack",
+           "parse_size", "run", "sample", "session", "share", "verify"]
 
 
 def __getattr__(name: str) -> Any:
@@ -53,6 +54,10 @@ def __getattr__(name: str) -> Any:
         import memfit.estimate
 
         return memfit.estimate if name == "estimate" else memfit.estimate.Estimate
+    if name in ("share", "configure_device"):   # the package is callable: memfit.share(jobs)
+        import memfit.share
+
+        return memfit.share if name == "share" else memfit.share.configure_device
     if name == "MemoryMonitor":
         from memfit.memory.monitor import MemoryMonitor
 

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
+from typing import IO
 
 import psutil
 
@@ -58,14 +59,17 @@ def check_command(command: Sequence[str]) -> list[str]:
     return [os.fspath(c) for c in command]
 
 
-def start(command: list[str], env: Mapping[str, str]) -> subprocess.Popen:
-    """Starts ``command`` with this process's streams and environment plus ``env``.
+def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = None,
+          stderr: IO | None = None) -> subprocess.Popen:
+    """Starts ``command`` with this process's environment plus ``env``, and its streams
+    (or the open files ``stdout``/``stderr``).
 
     Raises:
         CommandStartError: if it does not exist (127) or cannot be executed (126).
     """
     try:
-        return subprocess.Popen(command, env={**os.environ, **env})
+        return subprocess.Popen(command, env={**os.environ, **env}, stdout=stdout,
+                                stderr=stderr)
     except FileNotFoundError:
         raise CommandStartError(
             f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "

@@ -20,13 +20,14 @@ from memfit.cli import (
     pack_cmd,
     report_cmd,
     run_cmd,
+    share_cmd,
     verify_cmd,
     watch_cmd,
 )
 from memfit.errors import MemfitError
 
 SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd,
-               estimate_cmd, find_batch_size_cmd, calibrate_cmd)
+               estimate_cmd, find_batch_size_cmd, calibrate_cmd, share_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

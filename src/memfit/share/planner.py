@@ -1,0 +1,391 @@
+"""Planning a share: every job's need resolved, its charge on the budget, all checked up front.
+
+A job is charged **its need plus the per-process overhead** of the device:
+
+- the need is given (``need = "1GiB"``), estimated (``need = "auto"``: memfit's
+  estimator, in a child process, for ``model`` at ``batch_size``: the estimate's
+  ``model_bytes``, without the framework baseline), or learned from the peak this job
+  (same name, same command, exit 0) reached in a previous run in the same workdir,
+  plus 10 %. A job with none of these runs alone (charged the whole budget), and its
+  peak is learned for the next run;
+- the overhead is what every training process holds before it has a model: on the CPU
+  the anonymous RSS of a process with TensorFlow started; on a GPU the device memory
+  beyond the cap (CUDA context, cuDNN/cuBLAS). Both are measured by ``memfit
+  calibrate`` (``--device gpu:0``) and cached; ``overhead=`` overrides it (e.g. for jobs
+  that are not TensorFlow processes);
+- a job supervised by ``memfit run`` (``restart``) is also charged the supervisor's own
+  memory (:data:`SUPERVISOR_RSS`) on the CPU.
+
+Nothing starts until every job is resolved and fits: a job charged more than the whole
+budget, a bad size, an unknown key, a command that does not exist... are reported
+together, before any job runs.
+
+Example:
+    >>> p = plan([{"name": "a", "command": ["python", "-c", "pass"], "need": "100MiB"}],
+    ...          budget="1GiB", device="cpu", overhead="20MiB")
+    >>> p.jobs[0].charge == 120 * 2**20
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from memfit.errors import MemfitError
+from memfit.estimate.baseline import check_device, framework_baseline
+from memfit.memory.log import LogError, read_log
+from memfit.memory.sizes import format_size, parse_size
+from memfit.share.jobs import (
+    Job,
+    JobsFileError,
+    JobsSpec,
+    format_problems,
+    load_jobs,
+    parse_jobs,
+)
+from memfit.workdir import Workdir
+
+__all__ = ["Plan", "PlannedJob", "plan", "pick", "SUPERVISOR_RSS", "LEARN_MARGIN",
+           "DEFAULT_WORKDIR", "RECORD_NAME", "job_dir", "gpu_memory"]
+
+DEFAULT_WORKDIR = "memfit-share"
+RECORD_NAME = "job.json"          # WORKDIR/jobs/NAME/job.json: what the last run measured
+# `python -m memfit run` itself: 22 MiB anonymous RSS measured on this machine (x86-64,
+# Python 3.11), rounded up.
+SUPERVISOR_RSS = 32 * 2**20
+LEARN_MARGIN = 0.10               # a learned need is the previous peak + 10 %
+_ESTIMATE_TIMEOUT = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedJob:
+    """A job with its need resolved and its charge on the budget.
+
+    Attributes:
+        name: the job's name.
+        command: what runs (for a supervised job: the user's command; ``memfit run`` is
+            put in front when it starts).
+        need: bytes above the overhead; ``None`` for a job run alone to learn it.
+        need_source: ``"given"``, ``"auto"``, ``"learned"`` or ``"unknown"`` (run alone).
+        note: where the need came from, in words.
+        charge: what the job holds on the budget: need + overhead (+ the supervisor);
+            the whole budget for a job run alone. Its memory may not exceed this: it is
+            the job's share.
+        exclusive: it runs alone (its need is unknown).
+        restart: supervised by ``memfit run`` (restarted when over its share).
+        env: extra environment variables from the jobs file.
+        index: its position in the jobs file.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    need: int | None
+    need_source: str
+    note: str
+    charge: int
+    exclusive: bool
+    restart: bool
+    env: Mapping[str, str]
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything :func:`memfit.share` will do, checked.
+
+    Attributes:
+        jobs: the jobs in the order they are considered (charge, largest first; file
+            order among equals): first-fit decreasing.
+        budget: bytes all running jobs together may hold (host RAM on the CPU, device
+            memory on a GPU).
+        budget_source: where the budget came from.
+        device: ``"cpu"`` or ``"gpu:N"``.
+        overhead: the per-process overhead charged to every job, in bytes.
+        overhead_source: ``"given"``, ``"calibrated"`` or ``"default"`` (not calibrated).
+        workdir: the shared workdir.
+        source: the jobs file (or ``"<jobs>"``).
+        warnings: things worth knowing that do not stop the run.
+    """
+
+    jobs: tuple[PlannedJob, ...]
+    budget: int
+    budget_source: str
+    device: str
+    overhead: int
+    overhead_source: str
+    workdir: Path
+    source: str
+    warnings: tuple[str, ...] = ()
+
+    def first_wave(self) -> list[PlannedJob]:
+        """The jobs that start at once (first-fit decreasing on the empty budget)."""
+        return pick(self.jobs, self.budget)
+
+    def __str__(self) -> str:
+        lines = [f"memfit share: {len(self.jobs)} job{'s' if len(self.jobs) != 1 else ''} "
+                 f"from {self.source} on {self.device}, budget {format_size(self.budget)} "
+                 f"({self.budget_source}), per-process overhead {format_size(self.overhead)} "
+                 f"({self.overhead_source})"]
+        width = max([4] + [len(j.name) for j in self.jobs])
+        lines.append(f"  {'job':<{width}}  {'need':>10}  {'charge':>10}  from")
+        for j in self.jobs:
+            need = "alone" if j.need is None else format_size(j.need)
+            extra = ", supervised by memfit run" if j.restart else ""
+            lines.append(f"  {j.name:<{width}}  {need:>10}  {format_size(j.charge):>10}  "
+                         f"{j.note}{extra}")
+        wave = self.first_wave()
+        lines.append(f"  starting together: {', '.join(j.name for j in wave)} "
+                     f"({format_size(sum(j.charge for j in wave))} of "
+                     f"{format_size(self.budget)}); the rest queue")
+        lines += [f"  note: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def pick(queue: Sequence[PlannedJob], free: int) -> list[PlannedJob]:
+    """First-fit decreasing: the jobs of ``queue`` to start now in ``free`` bytes.
+
+    ``queue`` is taken largest charge first (as :func:`plan` orders it); each job that
+    fits in what is left is taken.
+
+    Example:
+        >>> jobs = [PlannedJob(n, (), c, "given", "", c, False, False, {}, i)
+        ...         for i, (n, c) in enumerate([("a", 6), ("b", 5), ("c", 3)])]
+        >>> [j.name for j in pick(jobs, 9)]
+        ['a', 'c']
+    """
+    chosen = []
+    for job in sorted(queue, key=lambda j: (-j.charge, j.index)):
+        if job.charge <= free:
+            chosen.append(job)
+            free -= job.charge
+    return chosen
+
+
+def job_dir(workdir: str | os.PathLike, name: str) -> Path:
+    """``WORKDIR/jobs/NAME``: a job's logs, its record, and (supervised) its checkpoints."""
+    return Path(workdir) / "jobs" / name
+
+
+def gpu_memory(index: int) -> tuple[int, int] | None:
+    """``(total, free)`` bytes of GPU ``index`` from NVML, or ``None`` without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if index >= pynvml.nvmlDeviceGetCount():
+            return None
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return int(info.total), int(info.free)
+    except Exception:                   # noqa: BLE001 - no package, no driver, no GPU
+        return None
+
+
+def _default_device() -> str:
+    return "gpu:0" if gpu_memory(0) is not None else "cpu"
+
+
+def _budget(value: Any, device: str) -> tuple[int, str]:
+    if value is not None:
+        budget = parse_size(value, name="budget")
+        if budget <= 0:
+            raise JobsFileError(f"budget must be more than 0 bytes. Received: budget={value!r}")
+        return budget, "given"
+    if device == "cpu":
+        return int(psutil.virtual_memory().available), "memory available now"
+    memory = gpu_memory(int(device.split(":")[1]))
+    if memory is None:
+        raise JobsFileError(f"No GPU {device} is visible (NVML reports none): give --budget "
+                            f"and --device cpu to share this machine's memory instead. "
+                            f"Received: device={device!r}")
+    return memory[1], f"free memory of {device} now"
+
+
+def _overhead(value: Any, device: str) -> tuple[int, str]:
+    if value is not None:
+        return parse_size(value, name="overhead"), "given"
+    baseline, source = framework_baseline(device)
+    if source == "default":
+        source = f"default: run memfit calibrate{' --device ' + device if device != 'cpu' else ''}"
+    return baseline, source
+
+
+_estimates: dict[tuple, tuple[int | None, str]] = {}
+
+
+def _estimate_need(job: Job, device: str) -> tuple[int | None, str]:
+    """The estimator's ``model_bytes`` for the job's model and batch, in a child process
+    (this process never imports TensorFlow). ``(None, why)`` when it cannot estimate."""
+    from memfit.estimate.measure import run_child
+    from memfit.estimate.model import EstimateError, ModelSpec, parse_input_shape
+
+    a = job.auto
+    try:
+        shapes = parse_input_shape(a.get("input_shape"))
+    except EstimateError as e:
+        return None, str(e)
+    key = (a["model"], a["batch_size"], a.get("optimizer"), a.get("dtype_policy"), shapes,
+           device)
+    if key not in _estimates:
+        request = {"mode": "estimate", "model": ModelSpec(a["model"], shapes).to_json(),
+                   "batch_size": a["batch_size"], "optimizer": a.get("optimizer"),
+                   "dtype_policy": a.get("dtype_policy"), "device": device}
+        r = run_child(request, timeout=_ESTIMATE_TIMEOUT)
+        if r.status == "ok" and isinstance(r.report.get("model_bytes"), int):
+            _estimates[key] = (r.report["model_bytes"],
+                               f"auto: estimate of {a['model']} at batch {a['batch_size']}")
+        else:
+            _estimates[key] = (None, f"cannot estimate {a['model']!r} at batch size "
+                                     f"{a['batch_size']} ({r.status}): {r.message.strip()}")
+    return _estimates[key]
+
+
+def _learned(workdir: Path, job: Job, device: str, overhead: int) -> tuple[int | None, str]:
+    record_path = job_dir(workdir, job.name) / RECORD_NAME
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        return None, "unknown: no previous run in the workdir; runs alone, and is learned"
+    if not isinstance(record, dict) or not isinstance(record.get("peak"), int):
+        return None, f"unknown: {record_path} holds no peak; runs alone, and is learned"
+    if record.get("device") != device or record.get("command") != list(job.command):
+        return None, ("unknown: the previous run had another command or device; runs alone, "
+                      "and is learned")
+    if record.get("exit_code") != 0:
+        return None, (f"unknown: the previous run did not finish (exit "
+                      f"{record.get('exit_code')}); runs alone, and is learned")
+    peak = record["peak"]
+    need = max(0, math.ceil(peak * (1 + LEARN_MARGIN)) - overhead)
+    return need, f"learned: peak {format_size(peak)} in the previous run, + 10 %"
+
+
+def _check_workdir(workdir: Path) -> None:
+    if workdir.exists() and not workdir.is_dir():
+        raise MemfitError(f"The workdir {str(workdir)!r} is a file, not a directory. Choose "
+                          f"a directory path.")
+    log = Workdir(workdir).log
+    if log.exists() and log.stat().st_size > 0:
+        try:
+            for _ in read_log(log):
+                pass
+        except LogError as e:
+            raise MemfitError(f"{e} Choose another workdir for memfit share.") from None
+
+
+def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,
+         budget: str | int | None = None, device: str | None = None,
+         overhead: str | int | None = None, workdir: str | os.PathLike = DEFAULT_WORKDIR,
+         restart: bool = False) -> Plan:
+    """Reads and checks the jobs and resolves every need and charge; starts nothing.
+
+    Example:
+        >>> p = plan("examples/jobs.toml", budget="2GiB")       # doctest: +SKIP
+        >>> print(p)                                            # doctest: +SKIP
+
+    Args:
+        jobs: a jobs file (TOML), a :class:`JobsSpec`, or a list of job dicts with the
+            keys of a ``[[job]]`` table.
+        budget: bytes all running jobs together may hold (``"12GiB"``); default: the
+            file's ``budget``, else the memory available now (CPU) or the GPU's free
+            memory.
+        device: ``"cpu"`` or ``"gpu:N"``; default: the file's, else ``gpu:0`` when NVML
+            sees a GPU, else ``cpu``.
+        overhead: the per-process overhead charged to every job; default: the file's,
+            else the calibrated framework baseline of the device (``memfit calibrate``).
+        workdir: the shared workdir (previous runs' peaks are learned from it).
+        restart: supervise every job with ``memfit run`` (a job's ``restart`` key wins).
+
+    Raises:
+        JobsFileError: listing every problem with the jobs (nothing has started).
+        MemfitError: for a workdir that is a file or holds a log that is not memfit's.
+    """
+    spec = jobs if isinstance(jobs, JobsSpec) else (
+        load_jobs(jobs) if isinstance(jobs, str | os.PathLike) else parse_jobs(jobs))
+    where = spec.source
+    try:
+        device = check_device(device if device is not None else spec.device
+                              if spec.device is not None else _default_device())
+        budget_bytes, budget_source = _budget(budget if budget is not None else spec.budget,
+                                              device)
+        overhead_bytes, overhead_source = _overhead(
+            overhead if overhead is not None else spec.overhead, device)
+    except (ValueError, MemfitError) as e:
+        raise JobsFileError(f"{where}: {e}") from None
+    if budget is None and spec.budget is not None:
+        budget_source = f"from {where}"
+    workdir = Path(workdir)
+    _check_workdir(workdir)
+    on_gpu = device.startswith("gpu")
+    problems, warnings, planned = [], [], []
+    memory = gpu_memory(int(device.split(":")[1])) if on_gpu else None
+    if memory is not None and overhead_bytes >= memory[0] // 2:
+        warnings.append(f"the per-process overhead {format_size(overhead_bytes)} "
+                        f"({overhead_source}) is half the GPU or more: it looks like "
+                        f"TensorFlow's whole reservation, not the memory above a cap; give "
+                        f"overhead= (benchmarks/share_gpu.py measures it)")
+    for job in spec.jobs:
+        need, note = job.need, "given"
+        if job.need_source == "auto":
+            need, note = _estimate_need(job, device)
+            if need is None:
+                problems.append(f"job {job.index} ({job.name!r}): need = 'auto': {note}. "
+                                f"Give the need as a size instead, such as need = '2GiB'.")
+                continue
+        elif job.need_source == "learned":
+            need, note = _learned(workdir, job, device, overhead_bytes)
+        if on_gpu and need is not None and need < 2**20:
+            problems.append(f"job {job.index} ({job.name!r}): on a GPU the need is the job's "
+                            f"memory cap, at least 1 MiB. Received: need={job.written_need!r}")
+            continue
+        supervised = restart if job.restart is None else job.restart
+        exclusive = need is None
+        extra = SUPERVISOR_RSS if supervised and not on_gpu else 0
+        charge = budget_bytes if exclusive else need + overhead_bytes + extra
+        source = "unknown" if exclusive else job.need_source
+        if charge > budget_bytes:
+            parts = f"need {format_size(need)} + overhead {format_size(overhead_bytes)}"
+            if extra:
+                parts += f" + memfit run {format_size(extra)}"
+            problems.append(f"job {job.index} ({job.name!r}): {parts} = "
+                            f"{format_size(charge)} is more than the whole budget "
+                            f"{format_size(budget_bytes)}: it could never start. Lower its "
+                            f"need, or raise the budget. Received: need="
+                            f"{job.written_need!r}")
+            continue
+        if exclusive:
+            warnings.append(f"{job.name}: no need given and none learned yet: it runs alone "
+                            f"(charged the whole budget); its peak is learned for the next "
+                            f"run in {workdir}")
+        else:
+            previous = _previous_peak(workdir, job)
+            if previous is not None and previous > charge:
+                warnings.append(f"{job.name}: peaked at {format_size(previous)} in the "
+                                f"previous run, above its share {format_size(charge)} now: "
+                                f"it will likely be stopped")
+        planned.append(PlannedJob(name=job.name, command=job.command, need=need,
+                                  need_source=source, note=note, charge=charge,
+                                  exclusive=exclusive, restart=bool(supervised), env=job.env,
+                                  index=job.index))
+    if problems:
+        raise JobsFileError(format_problems(where, problems), problems)
+    planned.sort(key=lambda j: (-j.charge, j.index))
+    return Plan(jobs=tuple(planned), budget=budget_bytes, budget_source=budget_source,
+                device=device, overhead=overhead_bytes, overhead_source=overhead_source,
+                workdir=workdir, source=where, warnings=tuple(warnings))
+
+
+def _previous_peak(workdir: Path, job: Job) -> int | None:
+    try:
+        record = json.loads((job_dir(workdir, job.name) / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    peak = record.get("peak") if isinstance(record, dict) else None
+    same = isinstance(record, dict) and record.get("command") == list(job.command)
+    return peak if isinstance(peak, int) and same else None

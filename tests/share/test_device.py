@@ -1,0 +1,203 @@
+"""memfit.configure_device: the settings from arguments or the environment, the CPU no-op,
+and the GPU path against a stand-in for TensorFlow (the real GPU path runs only on a GPU)."""
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+import memfit
+from memfit.share import device as device_module
+from memfit.share.device import (
+    MEMORY_GROWTH_ENV,
+    MEMORY_LIMIT_ENV,
+    DeviceConfigError,
+    configure_device,
+    device_env,
+    device_settings,
+)
+
+MIB = 2**20
+
+
+def test_settings_from_the_environment():
+    assert device_settings(environ={}) == (None, None, "none")
+    assert device_settings(environ={MEMORY_LIMIT_ENV: "1GiB"}) == (2**30, None, "environment")
+    assert device_settings(environ={MEMORY_LIMIT_ENV: "1073741824"})[0] == 2**30
+    assert device_settings(environ={MEMORY_GROWTH_ENV: "true"}) == (None, True, "environment")
+    assert device_settings(environ={MEMORY_GROWTH_ENV: "0"}) == (None, False, "environment")
+    # what memfit share hands down is read back unchanged
+    assert device_settings(environ=device_env(memory_limit=3 * 2**30))[0] == 3 * 2**30
+    assert device_settings(environ=device_env(growth=True))[1] is True
+
+
+def test_arguments_win_over_the_environment():
+    env = {MEMORY_LIMIT_ENV: "1GiB"}
+    assert device_settings("512MiB", environ=env) == (512 * MIB, None, "arguments")
+    assert device_settings(growth=True, environ=env) == (None, True, "arguments")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"memory_limit": "lots"}, "memory_limit is not a size. .*Received: memory_limit='lots'"),
+    ({"memory_limit": "100KiB"}, "at least 1 MiB.*Received: memory_limit='100KiB'"),
+    ({"memory_limit": "1GiB", "growth": True}, "either a memory cap or memory growth"),
+    ({"growth": "maybe"}, "growth must be true or false.*Received: growth='maybe'"),
+    ({"growth": 3}, "growth must be True or False. Received: growth=3"),
+    ({"environ": {MEMORY_LIMIT_ENV: "2 gigs"}},
+     f"{MEMORY_LIMIT_ENV} is not a size.*Received: {MEMORY_LIMIT_ENV}='2 gigs'"),
+    ({"environ": {MEMORY_GROWTH_ENV: "sometimes"}},
+     f"Received: {MEMORY_GROWTH_ENV}='sometimes'"),
+    ({"environ": {MEMORY_LIMIT_ENV: "1GiB", MEMORY_GROWTH_ENV: "1"}}, "not both"),
+])
+def test_bad_settings_are_clear_errors(kwargs, message):
+    environ = kwargs.pop("environ", {})
+    with pytest.raises(DeviceConfigError, match=message):
+        device_settings(**kwargs, environ=environ)
+
+
+def test_nothing_to_do_imports_no_tensorflow(monkeypatch):
+    monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(MEMORY_GROWTH_ENV, raising=False)
+    monkeypatch.setattr(device_module, "_tensorflow", lambda: pytest.fail("imported TF"))
+    config = configure_device()
+    assert not config.applied and config.source == "none"
+    assert "nothing to configure" in config.message
+
+
+class FakeTF:
+    """Just enough of tf.config for configure_device, with a switch for 'too late'."""
+
+    def __init__(self, gpus=("/physical_device:GPU:0",), initialised=False):
+        self.gpus = [types.SimpleNamespace(name=n) for n in gpus]
+        self.initialised = initialised
+        self.limits: dict[str, int] = {}
+        self.growth: dict[str, bool] = {}
+        fake = self
+
+        class Experimental:
+            @staticmethod
+            def set_memory_growth(gpu, value):
+                if fake.initialised:
+                    raise RuntimeError("Physical devices cannot be modified after being "
+                                       "initialized")
+                fake.growth[gpu.name] = value
+
+            @staticmethod
+            def get_memory_growth(gpu):
+                return fake.growth.get(gpu.name, False)
+
+        class Config:
+            experimental = Experimental
+
+            @staticmethod
+            def list_physical_devices(kind):
+                assert kind == "GPU"
+                return list(fake.gpus)
+
+            @staticmethod
+            def LogicalDeviceConfiguration(memory_limit):          # noqa: N802
+                return types.SimpleNamespace(memory_limit=memory_limit)
+
+            @staticmethod
+            def set_logical_device_configuration(gpu, configs):
+                if fake.initialised:
+                    raise RuntimeError("Virtual devices cannot be modified after being "
+                                       "initialized")
+                fake.limits[gpu.name] = configs[0].memory_limit
+
+            @staticmethod
+            def get_logical_device_configuration(gpu):
+                limit = fake.limits.get(gpu.name)
+                return None if limit is None else \
+                    [types.SimpleNamespace(memory_limit=limit)]
+
+        self.config = Config
+
+
+@pytest.fixture
+def fake_tf(monkeypatch):
+    tf = FakeTF(gpus=("/physical_device:GPU:0", "/physical_device:GPU:1"))
+    monkeypatch.setattr(device_module, "_tensorflow", lambda: tf)
+    monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(MEMORY_GROWTH_ENV, raising=False)
+    return tf
+
+
+def test_the_gpu_cap_is_set_in_whole_mib_on_every_gpu(fake_tf):
+    config = configure_device(memory_limit="1.5GiB")
+    assert fake_tf.limits == {"/physical_device:GPU:0": 1536, "/physical_device:GPU:1": 1536}
+    assert config.applied and config.memory_limit == 1536 * MIB and len(config.gpus) == 2
+    assert "a cap of 1.5 GiB" in config.message
+    # the same call again once TensorFlow started is fine; another one is not
+    fake_tf.initialised = True
+    assert configure_device(memory_limit="1.5GiB").applied
+    with pytest.raises(DeviceConfigError, match="configure_device came too late.*a cap of "
+                                                "2.0 GiB.*at the top of the script"):
+        configure_device(memory_limit="2GiB")
+
+
+def test_the_cap_from_memfit_share_and_growth(fake_tf, monkeypatch):
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, str(2**30))
+    config = configure_device()
+    assert config.source == "environment" and fake_tf.limits["/physical_device:GPU:0"] == 1024
+    monkeypatch.delenv(MEMORY_LIMIT_ENV)
+    fresh = FakeTF()
+    monkeypatch.setattr(device_module, "_tensorflow", lambda: fresh)
+    assert configure_device(growth=True).growth is True
+    assert fresh.growth == {"/physical_device:GPU:0": True}
+
+
+def test_too_late_is_explained(monkeypatch):
+    tf = FakeTF(initialised=True)
+    monkeypatch.setattr(device_module, "_tensorflow", lambda: tf)
+    with pytest.raises(DeviceConfigError) as info:
+        configure_device(memory_limit="1GiB")
+    text = str(info.value)
+    assert "too late" in text and "already initialised /physical_device:GPU:0" in text
+    assert "Virtual devices cannot be modified" in text      # what TensorFlow said
+
+
+def test_on_the_cpu_it_is_a_no_op_that_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(device_module, "_tensorflow", lambda: FakeTF(gpus=()))
+    with caplog.at_level("INFO", logger="memfit.share"):
+        config = memfit.configure_device(memory_limit="1GiB")
+    assert not config.applied and config.gpus == ()
+    assert "no GPU is visible to TensorFlow" in config.message
+    assert "no GPU is visible" in caplog.text
+
+
+def _gpu_visible() -> bool:
+    from memfit.share.planner import gpu_memory
+
+    return gpu_memory(0) is not None
+
+
+def test_with_real_tensorflow_in_a_child():
+    """The real thing, in a fresh process: a no-op on the CPU; on a GPU, the cap is set
+    and a call after the first op is the clear error."""
+    code = """
+import json, memfit, tensorflow as tf
+out = {}
+c = memfit.configure_device(memory_limit="1GiB")
+out["applied"], out["message"] = c.applied, c.message
+if c.applied:
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    out["limit"] = tf.config.get_logical_device_configuration(gpu)[0].memory_limit
+    tf.constant(1.0) + 1.0
+    try:
+        memfit.configure_device(memory_limit="2GiB")
+    except memfit.share.DeviceConfigError as e:
+        out["late"] = str(e)
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not _gpu_visible():
+        assert out["applied"] is False and "no GPU is visible" in out["message"]
+    else:                                                   # pragma: no cover - GPU only
+        assert out["applied"] and out["limit"] == 1024 and "too late" in out["late"]
