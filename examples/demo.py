@@ -1,9 +1,11 @@
 """memfit end to end on built-in data: make an image dataset on disk, pack it, verify it,
-and train a small CNN from the stream under a memory budget with a MemoryMonitor, then
-write the memory report (timeline PNG + HTML).
+and train a small CNN from the stream under a memory budget, supervised by `memfit run`
+(restarted once halfway, resuming exactly) with a MemoryMonitor in each process, then
+write the memory report (timeline PNG + HTML) with the restart on it.
 
 Run with `make demo` (or `python examples/demo.py --workdir DIR --samples N`).
 Nothing is downloaded: the images are generated (class-dependent patterns plus noise).
+`python examples/demo.py train ...` is the training process that `memfit run` starts.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -40,11 +43,16 @@ def make_images(workdir: Path, samples: int, seed: int = 0) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", nargs="?", choices=("demo", "train"), default="demo")
     parser.add_argument("--workdir", default="demo-workdir")
-    parser.add_argument("--samples", type=int, default=60_000)
+    parser.add_argument("--samples", type=int, default=40_000)
     parser.add_argument("--budget", default="64MiB", help="memory budget of the input pipeline")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mode == "train":
+        train(args)
+        return
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
@@ -66,49 +74,66 @@ def main() -> None:
     print(f"   {memfit.verify(workdir / 'data')}")
     print(memfit.inspect(workdir / "data"))
 
-    print("4. training a small CNN from the stream")
+    run = workdir / "run"
+    shutil.rmtree(run, ignore_errors=True)              # one run per report
+    restart_every = max(1, args.epochs // 2)
+    print(f"4. training a small CNN from the stream under memfit run, restarted every "
+          f"{restart_every} epochs")
+    started = time.perf_counter()
+    outcome = memfit.run([sys.executable, __file__, "train", "--data", str(workdir / "data"),
+                          "--budget", args.budget, "--epochs", str(args.epochs)],
+                         workdir=run, restart_every=restart_every)
+    seconds = time.perf_counter() - started
+    if not outcome.finished:
+        raise SystemExit(f"the training did not finish: {outcome.stop_reason}")
+    from memfit.report import write_report
+
+    report = write_report(run)
+    seen = args.epochs * int(0.9 * args.samples)
+    print(f"   {seen / seconds:,.0f} samples/s over the whole run, restart included")
+    print(f"done: dataset in {workdir / 'data'} ({memfit.format_size(result.bytes)}); "
+          f"memory report: {report.html}")
+
+
+def train(args: argparse.Namespace) -> None:
+    """The training process: a session (checkpoints, exact resume) around a plain fit."""
     import keras
 
-    # epochs=N: one pass yields every epoch, so Keras keeps one iterator for the whole fit
-    # (with steps_per_epoch), and the order of each epoch is still a function of (seed, e).
-    train = memfit.dataset(workdir / "data", 128, split="train", features=("x", "y"),
-                           memory_budget=budget, epochs=args.epochs)
-    val = memfit.dataset(workdir / "data", 256, split="val", features=("x", "y"),
-                         shuffle=False, memory_budget=budget)
-    print(f"   {train.memfit_plan}")
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((32, 32, 3), dtype="uint8"),
-        keras.layers.Rescaling(1 / 255),
-        keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
-        keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
-        keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(10),
-    ])
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    # trim="epoch": glibc keeps the buffers the pipeline frees in per-thread arenas; giving
-    # them back at each epoch end keeps RSS level (without it the monitor reports
-    # allocator-retention, and says so).
-    shutil.rmtree(workdir / "run", ignore_errors=True)     # one run per report
-    monitor = memfit.MemoryMonitor(workdir / "run", every_n_batches=20, trim="epoch",
-                                   warmup_epochs=2, report=True)
-    started = time.perf_counter()
-    with memfit.measure() as training:
-        history = model.fit(train, validation_data=val, epochs=args.epochs, verbose=2,
-                            steps_per_epoch=train.memfit_plan.steps_per_epoch,
-                            callbacks=[monitor])
-    seconds = time.perf_counter() - started
-    seen = args.epochs * train.memfit_plan.samples
-    print(f"   {seen / seconds:,.0f} samples/s; val_accuracy "
-          f"{history.history['val_accuracy'][-1]:.3f}")
-    print(f"   training memory: anonymous RSS grew by {memfit.format_size(training.peak_delta)} "
-          f"at peak (TensorFlow runtime, model, and a pipeline bounded by "
-          f"{memfit.format_size(budget)}) while streaming {memfit.format_size(size)} of data; "
-          f"model.fit(x, y) would first have needed all of it in RAM")
-    print(f"done: dataset in {workdir / 'data'} ({memfit.format_size(result.bytes)}); "
-          f"memory report: {workdir / 'run' / 'report.html'}")
-
+    budget = memfit.parse_size(args.budget)
+    with memfit.session(seed=0) as s:           # the workdir comes from memfit run
+        # epochs=N: one pass yields every epoch from s.epoch on, so Keras keeps one
+        # iterator for the whole fit (with steps_per_epoch); each epoch's order is still a
+        # function of (seed, epoch), so the resumed process sees the same batches.
+        train = s.dataset(args.data, 128, split="train", features=("x", "y"),
+                          memory_budget=budget, epochs=args.epochs)
+        val = memfit.dataset(args.data, 256, split="val", features=("x", "y"),
+                             shuffle=False, memory_budget=budget)
+        if not s.resumed:
+            print(f"   {train.memfit_plan}")
+        model = keras.Sequential([
+            keras.Input((32, 32, 3), dtype="uint8"),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        # trim="epoch": glibc keeps the buffers the pipeline frees in per-thread arenas;
+        # giving them back at each epoch end keeps RSS level (without it the monitor
+        # reports allocator-retention, and says so).
+        monitor = memfit.MemoryMonitor(every_n_batches=20, trim="epoch", warmup_epochs=1)
+        with memfit.measure() as training:
+            history = model.fit(train, validation_data=val, epochs=args.epochs, verbose=2,
+                                steps_per_epoch=train.memfit_plan.steps_per_epoch,
+                                callbacks=[s.callback, monitor])
+    print(f"   val_accuracy by epoch (all processes): "
+          f"{[round(a, 3) for a in history.history['val_accuracy']]}")
+    print(f"   this process: anonymous RSS grew by "
+          f"{memfit.format_size(training.peak_delta)} at peak (TensorFlow runtime, model, "
+          f"and a pipeline bounded by {memfit.format_size(budget)}); memory verdict: "
+          f"{monitor.verdict.headline if monitor.verdict else 'n/a'}")
 
 if __name__ == "__main__":
     main()
