@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
@@ -27,7 +28,7 @@ from memfit import exitcodes
 from memfit.errors import MemfitError
 
 __all__ = ["CommandStartError", "check_command", "start", "forward_signals", "exit_code",
-           "kill_tree"]
+           "kill_tree", "ticks"]
 
 
 class CommandStartError(MemfitError):
@@ -82,6 +83,20 @@ def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = Non
     except OSError as e:
         raise CommandStartError(f"command cannot be started: {command[0]!r} ({e.strerror})",
                                 command, 126) from None
+
+
+def ticks(proc: subprocess.Popen, interval: float) -> Iterator[float]:
+    """Yields the time every ``interval`` seconds (first at once) until ``proc`` exits;
+    an exit between two ticks ends the wait at once, not at the next tick."""
+    next_at = time.time()
+    while True:
+        yield time.time()
+        next_at = max(next_at + interval, time.time())
+        try:
+            proc.wait(timeout=max(0.0, next_at - time.time()))
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def exit_code(returncode: int) -> int:

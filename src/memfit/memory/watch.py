@@ -29,7 +29,6 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -40,7 +39,14 @@ from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size
-from memfit.process import CommandStartError, check_command, exit_code, forward_signals, start
+from memfit.process import (
+    CommandStartError,
+    check_command,
+    exit_code,
+    forward_signals,
+    start,
+    ticks,
+)
 from memfit.workdir import WORKDIR_ENV, Workdir
 
 __all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX"]
@@ -257,27 +263,19 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     line = _StatusLine(status, started)
     try:
         with forward_signals(proc):
-            next_at = started
-            while True:
+            for _ in ticks(proc, interval):
                 try:
                     s = sample(proc.pid, tree=True)
                 except ProcessLookupError:      # it ended (a zombie has no memory left)
-                    s = None
-                if s is not None:
-                    log.write("sample", scope="tree", **s.as_record())
-                    samples.append(s)
-                    times.append(s.t)
-                    anon.append(float(s.anon_or_total))
-                    peak = peak_of(peak, s)
-                    recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
-                              if x.t >= s.t - _STATUS_WINDOW]
-                    line.update(recent, peak)
-                next_at = max(next_at + interval, time.time())
-                try:
-                    proc.wait(timeout=max(0.0, next_at - time.time()))
-                    break
-                except subprocess.TimeoutExpired:
                     continue
+                log.write("sample", scope="tree", **s.as_record())
+                samples.append(s)
+                times.append(s.t)
+                anon.append(float(s.anon_or_total))
+                peak = peak_of(peak, s)
+                recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
+                          if x.t >= s.t - _STATUS_WINDOW]
+                line.update(recent, peak)
     except BaseException:
         # Like subprocess.run: never leave the command running unattended.
         if proc.poll() is None:

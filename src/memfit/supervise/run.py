@@ -42,7 +42,7 @@ from memfit import exitcodes
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size, parse_size
-from memfit.process import check_command, exit_code, forward_signals, kill_tree, start
+from memfit.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import CheckpointStore, where
 from memfit.workdir import WORKDIR_ENV, Workdir
@@ -371,13 +371,11 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
     peak: Sample | None = None
     requested: float | None = None
     killed: str | None = None
-    next_at = started
-    while True:
+    for now in ticks(proc, interval):
         try:
             s = sample(proc.pid, tree=True)
         except ProcessLookupError:          # it ended
             s = None
-        now = time.time()
         if s is not None:
             log.write("sample", scope="tree", **s.as_record())
             peak = peak_of(peak, s)
@@ -395,12 +393,6 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
             killed = "unresponsive"
             log.write("kill", pid=proc.pid, reason="unresponsive", grace=grace)
             kill_tree(proc)
-        next_at = max(next_at + interval, time.time())
-        try:
-            proc.wait(timeout=max(0.0, next_at - time.time()))
-            break
-        except subprocess.TimeoutExpired:
-            continue
     ended = time.time()
     code = exit_code(proc.returncode)
     ckpt = store.latest()
