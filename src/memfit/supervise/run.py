@@ -280,8 +280,10 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                 child = _supervise(proc, log, wd, store, resumed_at, max_rss, hard_rss,
                                    grace, interval, interrupted=received)
                 children.append(child)
+                peak = child.peak.anon_or_total if child.peak else None
                 log.write("exit", pid=child.pid, code=child.exit_code, cause=child.cause,
-                          reason=child.reason, epoch=child.ended_at[0], step=child.ended_at[1])
+                          reason=child.reason, epoch=child.ended_at[0], step=child.ended_at[1],
+                          peak_rss=peak, seconds=round(child.ended - child.started, 3))
                 if child.cause == "finished":
                     break
                 if child.cause in ("interrupted", "config"):
@@ -304,7 +306,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                 delay = min(max_backoff, backoff * 2 ** (failures - 1)) if failed else 0.0
                 log.write("restart", reason=child.reason if child.cause == "restart"
                           else f"{child.cause}: {child.reason}", after=child.pid, delay=delay,
-                          epoch=child.ended_at[0], step=child.ended_at[1])
+                          epoch=child.ended_at[0], step=child.ended_at[1], peak_rss=peak)
                 print(f"memfit run: {_describe(child)}; restarting from "
                       f"{where(*child.ended_at)}" + (f" in {delay:.1f} s" if delay else ""),
                       file=sys.stderr)
