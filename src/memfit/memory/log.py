@@ -11,7 +11,9 @@ Every line has ``t`` (Unix time), ``pid`` and ``event``. The first line of a log
 Events: ``start``, ``sample`` (periodic; ``scope: "tree"`` when it sums a process tree,
 as ``memfit watch`` does), ``train_begin``/``train_end``, ``batch`` (every n batches),
 ``epoch_end`` (``epoch``), ``trim`` (``released`` bytes), ``verdict`` (the classifier's
-result), ``restart``, ``exit`` (``code``), ``stop``. Memory fields are bytes and come
+result), ``restart``, ``exit`` (``code``), ``stop``; from ``memfit run`` and
+``memfit.session``: ``request`` (a restart asked, ``reason``), ``kill`` (``reason``),
+``checkpoint`` (``epoch``, ``step``, ``seconds``), ``resume`` (``epoch``, ``step``). Memory fields are bytes and come
 from the probe (:class:`memfit.memory.Sample`: ``rss``, ``rss_anon``, ``rss_file``,
 ``rss_shmem``, ``rss_peak``, ``processes``; plus optional ``py_heap``, ``gpu``,
 ``nvml``); a source that was not available is left out, never written as zero. Several
