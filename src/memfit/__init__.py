@@ -14,6 +14,7 @@ Public API (re-exports only):
     memfit.estimate(...)      a Keras model's training memory, before running it
     memfit.share(...)         run several trainings on one device within a memory budget
     memfit.configure_device() in a job: the GPU memory cap (or growth) memfit share hands down
+    memfit.doctor(...)        run a training for a few steps: ranked findings, with fixes
     memfit.parse_size / format_size
 """
 
@@ -36,8 +37,8 @@ from memfit.supervise import RunResult, run
 
 __all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", "MemoryMonitor",
            "PackResult", "RunResult", "Sample", "Verdict", "classify", "configure_device",
-           "dataset", "estimate", "format_size", "inspect", "malloc_trim", "measure", "pack",
-           "parse_size", "run", "sample", "session", "share", "verify"]
+           "dataset", "doctor", "estimate", "format_size", "inspect", "malloc_trim", "measure",
+           "pack", "parse_size", "run", "sample", "session", "share", "verify"]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +59,10 @@ def __getattr__(name: str) -> Any:
         import memfit.share
 
         return memfit.share if name == "share" else memfit.share.configure_device
+    if name == "doctor":        # the package is callable: memfit.doctor(["python", "t.py"])
+        import memfit.doctor
+
+        return memfit.doctor
     if name == "MemoryMonitor":
         from memfit.memory.monitor import MemoryMonitor
 

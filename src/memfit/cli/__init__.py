@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from memfit._version import __version__
 from memfit.cli import (
     calibrate_cmd,
+    doctor_cmd,
     estimate_cmd,
     find_batch_size_cmd,
     inspect_cmd,
@@ -27,7 +28,7 @@ from memfit.cli import (
 from memfit.errors import MemfitError
 
 SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd,
-               estimate_cmd, find_batch_size_cmd, calibrate_cmd, share_cmd)
+               estimate_cmd, find_batch_size_cmd, calibrate_cmd, share_cmd, doctor_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

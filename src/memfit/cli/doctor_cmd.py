@@ -1,0 +1,115 @@
+"""Run a training command for a few steps and say what to change about its memory.
+
+The command runs unchanged; memfit watches its process tree from outside and, in its
+Python processes that import Keras, a probe (put in through $PYTHONPATH: no edit of the
+script) watches model.fit step by step and ends the training after --steps steps (or
+--seconds seconds), then measures: the NumPy arrays and tf.data buffers held, the memory
+per step (leak, allocator retention, warm-up), the model's training step (memfit
+estimate) and, on a GPU, its memory settings and who else uses the device. It then
+prints a ranked list of findings, each with the numbers measured, why they matter and
+the memfit command or code change that fixes it. A finding that does not apply is not
+shown. Everything goes to WORKDIR: memory.jsonl (`memfit report WORKDIR` draws it) and
+doctor.json (what --json prints).
+
+Exit code: the command's (0 when the doctor stopped it), 127 when it does not exist,
+2 on bad arguments.
+
+examples:
+  memfit doctor -- python train.py --epochs 50
+  memfit doctor --steps 200 --workdir runs/doctor -- python train.py
+  memfit doctor --seconds 120 -- python train.py
+  memfit doctor --json -- python train.py > findings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+
+from memfit.cli.common import add_command_argument
+from memfit.process import CommandStartError
+
+NAME = "doctor"
+HELP = "run a training command for a few steps and say what to change about its memory"
+
+
+def _steps(value: str) -> int:
+    try:
+        steps = int(value)
+    except ValueError:
+        steps = 0
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer number of training "
+                                         f"steps, such as 100. Received: --steps {value!r}")
+    return steps
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, such as 60. "
+                                         f"Received: --seconds {value!r}")
+    return seconds
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from memfit.doctor.run import DEFAULT_INTERVAL, DEFAULT_STEPS, DEFAULT_WORKDIR
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    bound = p.add_mutually_exclusive_group()
+    bound.add_argument("--steps", type=_steps, metavar="N",
+                       help=f"training steps to run, over all fit() calls (default: "
+                            f"{DEFAULT_STEPS})")
+    bound.add_argument("--seconds", type=_seconds, metavar="S",
+                       help="or seconds to run, from the start of the command")
+    p.add_argument("--json", action="store_true",
+                   help="print the findings as JSON on stdout (the command's own output goes "
+                        "to stderr)")
+    p.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
+                   help=f"where memory.jsonl and doctor.json go (default: {DEFAULT_WORKDIR})")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+                   help=f"seconds between samples of the process tree (default: "
+                        f"{DEFAULT_INTERVAL})")
+    add_command_argument(p)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """With --json, the command's stdout goes to stderr, so that stdout is JSON only."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memfit.doctor.run import doctor
+
+    try:
+        with _stdout_to_stderr(args.json):
+            result = doctor(args.cmd, steps=args.steps, seconds=args.seconds,
+                            workdir=args.workdir, interval=args.interval)
+    except CommandStartError as e:
+        print(f"memfit doctor: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(result)
+    return result.exit_code

@@ -1,0 +1,54 @@
+"""``memfit doctor``: run a training command for a few steps and say what to change.
+
+    memfit.doctor(["python", "train.py"], steps=50)   the run, its ranked findings
+    memfit.doctor.diagnose(facts)                    the rules alone, on measurements
+
+One concept per module: :mod:`~memfit.doctor.site` (the ``sitecustomize`` shim that puts
+the probe into the command), :mod:`~memfit.doctor.hook` (waits for Keras),
+:mod:`~memfit.doctor.probe` (the in-process measurements and the stop),
+:mod:`~memfit.doctor.arrays` and :mod:`~memfit.doctor.pipeline` (what holds memory),
+:mod:`~memfit.doctor.gpu`, :mod:`~memfit.doctor.findings` (the rules),
+:mod:`~memfit.doctor.report` (text and JSON) and :mod:`~memfit.doctor.run` (the parent).
+
+Nothing here imports TensorFlow; the probe imports what it measures, in the child.
+
+Example:
+    >>> import memfit
+    >>> result = memfit.doctor(["python", "train.py"], steps=50)    # doctest: +SKIP
+    >>> print(result)                                               # doctest: +SKIP
+"""
+
+import sys
+import types
+from typing import Any
+
+__all__ = ["doctor", "DoctorResult", "Finding", "Facts", "diagnose"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "doctor":
+        from memfit.doctor.run import doctor
+
+        return doctor
+    if name == "DoctorResult":
+        from memfit.doctor.report import DoctorResult
+
+        return DoctorResult
+    if name in ("Finding", "Facts", "diagnose"):
+        from memfit.doctor import findings
+
+        return getattr(findings, name)
+    raise AttributeError(f"module 'memfit.doctor' has no attribute {name!r}")
+
+
+class _CallablePackage(types.ModuleType):
+    """``memfit.doctor`` is both this package and the function: calling the package calls
+    :func:`memfit.doctor.run.doctor`."""
+
+    def __call__(self, command: Any, **kwargs: Any) -> Any:
+        from memfit.doctor.run import doctor
+
+        return doctor(command, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

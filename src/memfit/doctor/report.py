@@ -1,0 +1,150 @@
+"""What ``memfit doctor`` found, as text for people and JSON for tools.
+
+Example:
+    >>> result = DoctorResult(command=("python", "train.py"), exit_code=0, duration=9.5,
+    ...                       findings=(), steps=40, stopped="steps", probe=True)
+    >>> print(result)                                  # doctest: +NORMALIZE_WHITESPACE
+    memfit doctor: python train.py
+      40 training steps in 9.5 s (stopped by memfit doctor after 40 steps); exit code 0
+    <BLANKLINE>
+    No memory problem found in this run (checked: data held in RAM, activations, memory
+    growth, GPU sharing, input pipeline buffers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from memfit.doctor.findings import Finding
+from memfit.memory.probe import Sample
+from memfit.memory.sizes import format_size
+
+__all__ = ["DoctorResult", "format_finding", "WIDTH"]
+
+WIDTH = 96
+FORMAT = "memfit-doctor"
+CHECKED = "data held in RAM, activations, memory growth, GPU sharing, input pipeline buffers"
+NO_PROBE = ("The in-process probe did not report: the command ran no Python process that "
+            "imported Keras, or its Python ignored $PYTHONPATH (-E, -I, -S). Only the "
+            "memory seen from outside was diagnosed.")
+
+
+_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|%)(?=\W|$)")
+
+
+def _wrap(label: str, text: str, indent: str = "   ") -> list[str]:
+    """Wrapped to WIDTH, never between a number and its unit."""
+    glued = _UNIT.sub("\\1\u00a0\\2", f"{label}{text}")
+    lines = textwrap.wrap(glued, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_on_hyphens=False, break_long_words=False)
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
+def format_finding(rank: int, finding: Finding) -> str:
+    """One finding as text: title, measured, why, fix (the fix lines verbatim)."""
+    lines = [f"{rank}. {finding.title}   [{finding.kind}; about "
+             f"{format_size(finding.bytes)} at stake]"]
+    lines += _wrap("Measured: ", finding.measured)
+    lines += _wrap("Why: ", finding.why)
+    lines.append("   Fix:")
+    lines += [f"     {line}" for line in finding.fix]
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorResult:
+    """One ``memfit doctor`` run: the command's outcome and the ranked findings.
+
+    Attributes:
+        command: the command run.
+        exit_code: its exit code (0 when the doctor stopped it after its steps).
+        duration: seconds from start to exit.
+        findings: what to change, the most memory at stake first.
+        steps: training steps the probe saw (``None``: no probe report).
+        stopped: ``"steps"`` or ``"seconds"`` when the doctor stopped it, else ``None``.
+        probe: whether the in-process probe reported.
+        peak: the process tree's peak sample (from outside), or ``None``.
+        verdict: the memory-growth verdict used (a ``Verdict`` record plus ``basis``).
+        workdir: the doctor's workdir.
+        log_path: the shared memory log of the run.
+        measurements: the in-process probe's results (for tools; see
+            :func:`memfit.doctor.probe.finish`).
+    """
+
+    command: tuple[str, ...]
+    exit_code: int
+    duration: float
+    findings: tuple[Finding, ...]
+    steps: int | None = None
+    stopped: str | None = None
+    probe: bool = False
+    peak: Sample | None = None
+    verdict: dict | None = None
+    workdir: Path | None = None
+    log_path: Path | None = None
+    measurements: dict | None = dataclasses.field(default=None, repr=False)
+
+    def finding(self, kind: str) -> Finding | None:
+        """The finding of this kind, or ``None``."""
+        return next((f for f in self.findings if f.kind == kind), None)
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds of the findings, in rank order."""
+        return [f.kind for f in self.findings]
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict (sizes in bytes) for ``--json``."""
+        return {"format": FORMAT, "command": list(self.command), "exit_code": self.exit_code,
+                "duration": self.duration, "steps": self.steps, "stopped": self.stopped,
+                "probe": self.probe,
+                "peak": None if self.peak is None else self.peak.as_record(),
+                "verdict": self.verdict,
+                "findings": [dict(f.to_json(), rank=i) for i, f in
+                             enumerate(self.findings, start=1)],
+                "workdir": None if self.workdir is None else str(self.workdir),
+                "log": None if self.log_path is None else str(self.log_path)}
+
+    def _headline(self) -> list[str]:
+        lines = [f"memfit doctor: {shlex.join(self.command)}"]
+        if self.steps is None:
+            ran = f"ran {self.duration:.1f} s"
+        else:
+            ran = f"{self.steps} training steps in {self.duration:.1f} s"
+        if self.stopped == "steps":
+            ran += f" (stopped by memfit doctor after {self.steps} steps)"
+        elif self.stopped == "seconds":
+            ran += " (stopped by memfit doctor at its time limit)"
+        elif self.exit_code == 0:
+            ran += " (the command finished before the doctor's limit)"
+        lines.append(f"  {ran}; exit code {self.exit_code}")
+        if self.peak is not None:
+            lines.append(f"  peak anonymous RSS {format_size(self.peak.anon_or_total)} "
+                         f"(process tree), file-backed {format_size(self.peak.rss_file)}; "
+                         f"log: {self.log_path}")
+        return lines
+
+    def __str__(self) -> str:
+        lines = self._headline()
+        if not self.probe:
+            lines += [""] + textwrap.wrap(NO_PROBE, WIDTH)
+        if self.exit_code not in (0,) and self.stopped is None:
+            lines += ["", f"The command failed (exit code {self.exit_code}) before the doctor "
+                          f"stopped it: the findings cover the part that ran."]
+        lines.append("")
+        if not self.findings:
+            failed = self.exit_code != 0 and self.stopped is None
+            lines += textwrap.wrap(("No finding in the part that ran" if failed else
+                                    "No memory problem found in this run")
+                                   + f" (checked: {CHECKED}).", WIDTH)
+            return "\n".join(lines)
+        n = len(self.findings)
+        lines.append(f"{n} finding{'s' if n != 1 else ''}, the most memory at stake first:")
+        for rank, finding in enumerate(self.findings, start=1):
+            lines += ["", format_finding(rank, finding)]
+        return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""``memfit.doctor()``: run a training command for a few steps, measure it, say what to change.
+
+The command runs unchanged under :func:`memfit.memory.watch.watch` (its process tree is
+sampled from outside into ``WORKDIR/memory.jsonl``), with the in-process probe put into
+its Python processes through ``$PYTHONPATH`` (:mod:`memfit.doctor.site`). The probe ends
+the training after ``steps`` steps (or ``seconds`` seconds) and reports what it measured;
+:func:`memfit.doctor.findings.diagnose` turns that into ranked findings.
+
+Example:
+    >>> result = doctor(["python", "train.py"], steps=50)        # doctest: +SKIP
+    >>> print(result)                                            # doctest: +SKIP
+    >>> result.kinds                                             # doctest: +SKIP
+    ['data-in-ram', 'memory-growth']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import psutil
+
+from memfit.atomic import write_text_atomic
+from memfit.doctor import site
+from memfit.doctor.findings import Facts, diagnose
+from memfit.doctor.probe import FORMAT as PROBE_FORMAT
+from memfit.doctor.report import DoctorResult
+from memfit.memory.log import MemoryLog
+from memfit.memory.watch import watch
+from memfit.process import check_command
+from memfit.workdir import Workdir
+
+__all__ = ["doctor", "DEFAULT_STEPS", "DEFAULT_WORKDIR", "DEFAULT_INTERVAL", "check_limits"]
+
+DEFAULT_STEPS = 100
+DEFAULT_WORKDIR = "memfit-doctor"
+DEFAULT_INTERVAL = 0.2
+
+
+def check_limits(steps: int | None, seconds: float | None) -> tuple[int | None, float | None]:
+    """Validates the run's bound: ``steps`` or ``seconds`` (default: DEFAULT_STEPS steps).
+
+    Raises:
+        ValueError: for both, a step count that is not a positive integer, or seconds that
+            are not a positive number, quoting the value.
+    """
+    if steps is not None and seconds is not None:
+        raise ValueError(f"give steps or seconds, not both. Received: steps={steps!r}, "
+                         f"seconds={seconds!r}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 1):
+        raise ValueError(f"steps must be a positive integer number of training steps, such "
+                         f"as 100. Received: steps={steps!r}")
+    if seconds is not None and (isinstance(seconds, bool)
+                                or not isinstance(seconds, int | float)
+                                or not math.isfinite(seconds) or seconds <= 0):
+        raise ValueError(f"seconds must be a positive number of seconds, such as 60. "
+                         f"Received: seconds={seconds!r}")
+    if steps is None and seconds is None:
+        steps = DEFAULT_STEPS
+    return steps, seconds
+
+
+def _read_probe(results_dir: Path, run_id: str) -> dict | None:
+    """The results of the process that trained the most (a tree may hold several)."""
+    best = None
+    for path in sorted(results_dir.glob(f"probe-{run_id}-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or data.get("format") != PROBE_FORMAT:
+            continue
+        key = (data.get("steps") or 0, data.get("rss_peak_steps") or 0)
+        if best is None or key > best[0]:
+            best = (key, data)
+    return None if best is None else best[1]
+
+
+def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float | None = None,
+           workdir: str | os.PathLike = DEFAULT_WORKDIR, interval: float = DEFAULT_INTERVAL,
+           status: TextIO | None = None) -> DoctorResult:
+    """Runs a training command for a bounded number of steps and diagnoses its memory.
+
+    The command runs unchanged (same terminal and environment, plus the probe's
+    variables). Its Python processes that import Keras get memfit's probe: ``fit`` is
+    watched step by step and ended after ``steps`` steps over all its calls, or once
+    ``seconds`` have passed since the process started; the process then exits with
+    code 0. A command that finishes sooner is measured at its end.
+
+    Example:
+        >>> import memfit
+        >>> result = memfit.doctor(["python", "train.py"], steps=50)     # doctest: +SKIP
+        >>> for f in result.findings:                                   # doctest: +SKIP
+        ...     print(f.kind, f.bytes, f.fix[0])
+
+    Args:
+        command: the program and its arguments, e.g. ``["python", "train.py"]``.
+        steps: training steps to run (default 100 when ``seconds`` is not given).
+        seconds: or seconds to run, counted from each Python process's start.
+        workdir: where the log (``memory.jsonl``), the probe's results
+            (``.doctor/``) and ``doctor.json`` go; created if missing.
+        interval: seconds between samples of the process tree from outside.
+        status: where the live status line goes on a terminal (default stderr).
+
+    Returns:
+        A :class:`memfit.doctor.report.DoctorResult`: ``print`` it for the ranked
+        findings; ``.to_json()`` for tools (what ``--json`` prints).
+
+    Raises:
+        ValueError: an empty command, both or bad ``steps``/``seconds``, a bad
+            ``interval`` (each quoting the value).
+        MemfitError: a workdir that cannot be written or holds a file that is not a
+            memfit log.
+        CommandStartError: the command does not exist (exit code 127) or cannot be run.
+    """
+    command = check_command(command)
+    steps, seconds = check_limits(steps, seconds)
+    if (isinstance(interval, bool) or not isinstance(interval, int | float)
+            or not math.isfinite(interval) or interval <= 0):
+        raise ValueError(f"interval must be a positive number of seconds, such as 0.2. "
+                         f"Received: interval={interval!r}")
+    wd = Workdir(workdir).create()
+    results_dir = wd.path / ".doctor"
+    run_id = uuid.uuid4().hex[:12]
+    env = site.environment(site.prepare(wd.path), results_dir, run_id, steps=steps,
+                           seconds=seconds)
+    watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
+    probe = _read_probe(results_dir, run_id)
+    verdict = {**watched.verdict.to_record(), "basis": watched.basis}
+    if probe and probe.get("verdict") and "error" not in probe["verdict"]:
+        verdict = probe["verdict"]
+    facts = Facts(command=tuple(command), probe=probe,
+                  peak_anon=None if watched.peak is None else watched.peak.anon_or_total,
+                  watch_verdict={**watched.verdict.to_record(), "basis": watched.basis},
+                  ram_total=psutil.virtual_memory().total)
+    findings = tuple(diagnose(facts))
+    result = DoctorResult(command=tuple(command), exit_code=watched.exit_code,
+                          duration=watched.duration, findings=findings,
+                          steps=None if probe is None else probe.get("steps"),
+                          stopped=None if probe is None else probe.get("stopped"),
+                          probe=probe is not None, peak=watched.peak,
+                          verdict={k: v for k, v in verdict.items() if k != "values"},
+                          workdir=wd.path, log_path=watched.log_path, measurements=probe)
+    write_text_atomic(wd.path / "doctor.json", json.dumps(result.to_json(), indent=1) + "\n")
+    with MemoryLog(wd.log, source="doctor", header=False) as log:
+        if probe and verdict is probe.get("verdict"):
+            # The in-process verdict (per step, with a trim probe) is the better one: log
+            # it after watch's, so that `memfit report` shows it.
+            log.write("verdict", pid=probe.get("pid"), source="doctor",
+                      **{k: v for k, v in verdict.items() if k != "values"})
+        log.write("findings", kinds=result.kinds,
+                  bytes=[f.bytes for f in findings], steps=result.steps)
+    return result

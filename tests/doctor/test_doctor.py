@@ -1,0 +1,198 @@
+"""memfit doctor end to end: each script in scripts/ triggers exactly one finding (clean.py
+none), measured in a real child process run for a few steps; and bad input.
+
+Each child run takes 5-11 s on 2 cores (most of it importing TensorFlow); each script
+runs once (module-scoped fixture) and its result is checked by several tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memfit.doctor import doctor
+from memfit.doctor.findings import BUFFER_MIN, DATA_MIN
+from memfit.process import CommandStartError
+
+SCRIPTS = Path(__file__).parent / "scripts"
+MiB = 2**20
+
+# script -> (steps, the one finding it triggers)
+CASES = {
+    "clean": (30, None),
+    "data_in_ram": (20, "data-in-ram"),
+    "activations": (6, "activations"),
+    "leak": (40, "memory-growth"),
+    "shuffle_buffer": (8, "pipeline-buffers"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            steps, _ = CASES[name]
+            workdir = tmp_path_factory.mktemp(name)
+            cache[name] = doctor([sys.executable, str(SCRIPTS / f"{name}.py")], steps=steps,
+                                 workdir=workdir)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_script_triggers_exactly_its_finding(results, name):
+    steps, expected = CASES[name]
+    result = results(name)
+    assert result.exit_code == 0, str(result)
+    assert result.probe and result.stopped == "steps" and result.steps == steps, str(result)
+    assert result.kinds == ([] if expected is None else [expected]), str(result)
+    text = str(result)
+    if expected is None:
+        assert "No memory problem found" in text
+    else:
+        finding = result.findings[0]
+        assert finding.bytes > 0 and finding.fix and finding.measured and finding.why
+        assert f"1. {finding.title}" in text and "Fix:" in text
+
+
+def test_data_in_ram_measures_the_arrays_and_the_keras_copy(results):
+    f = results("data_in_ram").finding("data-in-ram")
+    assert f.details["fit_arrays"] == 8192 * 4096 * 4 + 8192 * 4
+    assert f.details["keras_copy"] > 64 * MiB           # Keras holds the data twice
+    assert f.details["held"] >= DATA_MIN
+    assert 'np.save("data/x.npy", x_train)' in f.fix[0]  # the script's own variable name
+    assert "memfit.dataset(" in f.fix[1] and "memfit pack x=data/x.npy" in f.fix[3]
+
+
+def test_activations_come_from_the_estimator_with_the_layers_and_smaller_batches(results):
+    result = results("activations")
+    f = result.finding("activations")
+    assert f.details["batch_size"] == 64
+    assert f.details["activations"] >= 0.4 * f.details["model_bytes"]
+    assert [layer["name"] for layer in f.details["layers"][:2]] == ["conv2d", "conv2d_1"]
+    assert [s["batch_size"] for s in f.details["smaller"]] == [32, 16]
+    assert f.details["smaller"][0]["total"] < f.details["total"]
+    model_file = f.details["model_file"]
+    assert model_file and Path(model_file).exists()          # for the memfit estimate command
+    assert any(line.startswith(f"memfit estimate {model_file} -b 32") for line in f.fix)
+
+
+def test_leak_is_classified_per_step_with_a_trim_probe(results):
+    result = results("leak")
+    f = result.finding("memory-growth")
+    assert f.details["verdict"] == "leak" and f.details["basis"] == "steps"
+    assert 1.5 * MiB < f.details["per_step"] < 2.5 * MiB          # 2 MiB kept per batch
+    assert f.details["released"] is not None                      # probed in-process
+    assert f.details["planned_steps"] == 10 * 128
+    assert any(line.startswith("memfit run --max-rss ") for line in f.fix)
+    # the in-process verdict is the log's last one, for `memfit report`
+    verdicts = [json.loads(line) for line in result.log_path.read_text().splitlines()
+                if '"event":"verdict"' in line]
+    assert verdicts[-1]["source"] == "doctor" and verdicts[-1]["verdict"] == "leak"
+
+
+def test_shuffle_buffer_is_sized_from_the_pipeline(results):
+    f = results("shuffle_buffer").finding("pipeline-buffers")
+    (buffer,) = f.details["buffers"]
+    assert buffer["kind"] == "shuffle" and buffer["buffer_size"] == 2000
+    assert buffer["element_bytes"] == 64 * 64 * 3 * 4 + 4
+    assert buffer["bytes"] == 2000 * buffer["element_bytes"] >= BUFFER_MIN
+    assert f.fix[0].startswith("ds.shuffle(buffer_size=341)")
+
+
+def test_clean_run_writes_log_and_json(results):
+    result = results("clean")
+    data = json.loads((result.workdir / "doctor.json").read_text())
+    assert data["format"] == "memfit-doctor" and data["findings"] == []
+    events = {json.loads(line)["event"] for line in result.log_path.read_text().splitlines()}
+    assert {"start", "sample", "batch", "exit", "findings"} <= events
+    assert result.verdict["verdict"] in ("stable", "warm-up")
+
+
+def test_cli_json_keeps_stdout_for_json_and_tf_keras_is_probed(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "memfit", "doctor", "--json", "--steps", "5", "--workdir",
+         str(tmp_path), "--", sys.executable, "-c",
+         "print('from the script'); import numpy as np, tensorflow as tf; "
+         "keras = tf.keras; "        # tf.keras: TensorFlow imports keras itself
+         "m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]); "
+         "m.compile('sgd', 'mse'); m.fit(np.zeros((64, 2)), np.zeros((64, 1)), verbose=0)"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)                       # nothing but JSON on stdout
+    assert data["steps"] == 2 and data["stopped"] is None and data["findings"] == []
+    assert "from the script" in out.stderr
+
+
+def test_command_without_keras_is_left_alone(tmp_path):
+    result = doctor([sys.executable, "-c", "print('no keras here')"], workdir=tmp_path)
+    assert result.exit_code == 0 and not result.probe and result.findings == ()
+    assert "did not report" in str(result)
+
+
+def test_exit_code_of_a_failing_command_is_kept(tmp_path):
+    result = doctor([sys.executable, "-c", "raise SystemExit(3)"], workdir=tmp_path)
+    assert result.exit_code == 3 and "exit code 3" in str(result)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"steps": 0}, "steps must be a positive integer number of training steps, such as 100. "
+                   "Received: steps=0"),
+    ({"steps": True}, "Received: steps=True"),
+    ({"steps": 2.5}, "Received: steps=2.5"),
+    ({"seconds": -1}, "seconds must be a positive number of seconds, such as 60. "
+                      "Received: seconds=-1"),
+    ({"seconds": float("nan")}, "Received: seconds=nan"),
+    ({"steps": 10, "seconds": 5}, "give steps or seconds, not both. Received: steps=10, "
+                                  "seconds=5"),
+    ({"interval": 0}, "interval must be a positive number of seconds, such as 0.2. "
+                      "Received: interval=0"),
+])
+def test_bad_limits_are_refused_before_anything_runs(tmp_path, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        doctor([sys.executable, "-c", "pass"], workdir=tmp_path / "wd", **kwargs)
+    assert message in str(e.value)
+    assert not (tmp_path / "wd").exists()
+
+
+def test_bad_commands(tmp_path):
+    with pytest.raises(ValueError, match="command is empty"):
+        doctor([], workdir=tmp_path)
+    with pytest.raises(ValueError, match="Received: command='python train.py'"):
+        doctor("python train.py", workdir=tmp_path)
+    with pytest.raises(CommandStartError) as e:
+        doctor(["nosuchcmd-memfit"], workdir=tmp_path)
+    assert e.value.exit_code == 127
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["doctor"], "give the command to run after '--'"),
+    (["doctor", "--steps", "0", "--", "python", "t.py"], "Received: --steps '0'"),
+    (["doctor", "--steps", "ten", "--", "python", "t.py"], "Received: --steps 'ten'"),
+    (["doctor", "--seconds", "-3", "--", "python", "t.py"], "Received: --seconds '-3'"),
+    (["doctor", "--steps", "5", "--seconds", "3", "--", "python", "t.py"],
+     "not allowed with argument"),
+])
+def test_cli_bad_input(capsys, argv, message):
+    from memfit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_help_has_an_example(capsys):
+    from memfit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "memfit doctor -- python train.py" in out
