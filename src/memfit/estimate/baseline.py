@@ -28,6 +28,7 @@ from pathlib import Path
 
 from memfit.atomic import write_text_atomic
 from memfit.errors import MemfitError
+from memfit.memory.probe import nvml_devices
 from memfit.memory.sizes import format_size
 
 __all__ = ["Calibration", "calibrate", "load_calibration", "framework_baseline",
@@ -198,13 +199,7 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
 
 def _gpu_present() -> bool:
     """Whether NVML sees at least one GPU (checked before starting a child for it)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount() > 0
-    except Exception:               # noqa: BLE001 - no package, no driver, no GPU
-        return False
+    return bool(nvml_devices())
 
 
 def _write(c: Calibration) -> None:

@@ -13,11 +13,11 @@ as ``memfit watch`` does), ``train_begin``/``train_end``, ``batch`` (every n bat
 ``epoch_end`` (``epoch``), ``trim`` (``released`` bytes), ``verdict`` (the classifier's
 result), ``restart``, ``exit`` (``code``), ``stop``; from ``memfit run`` and
 ``memfit.session``: ``request`` (a restart asked, ``reason``), ``kill`` (``reason``),
-``checkpoint`` (``epoch``, ``step``, ``seconds``), ``resume`` (``epoch``, ``step``). Memory fields are bytes and come
-from the probe (:class:`memfit.memory.Sample`: ``rss``, ``rss_anon``, ``rss_file``,
-``rss_shmem``, ``rss_peak``, ``processes``; plus optional ``py_heap``, ``gpu``,
-``nvml``); a source that was not available is left out, never written as zero. Several
-runs may append to one log, each beginning with its own ``start``.
+``checkpoint`` (``epoch``, ``step``, ``seconds``), ``resume`` (``epoch``, ``step``).
+Memory fields are bytes and come from the probe (:class:`memfit.memory.Sample`: ``rss``,
+``rss_anon``, ``rss_file``, ``rss_shmem``, ``rss_peak``, ``processes``; plus optional
+``py_heap``, ``gpu``, ``nvml``); a source that was not available is left out, never
+written as zero. Several runs may append to one log, each beginning with its own ``start``.
 
 Example:
     >>> import tempfile, pathlib

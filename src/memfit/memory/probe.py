@@ -302,9 +302,16 @@ def tf_gpu_memory() -> dict[str, dict[str, int]] | None:
 _nvml_state: dict = {}
 
 
-def nvml_memory(pid: int | None = None) -> int | None:
-    """GPU memory that the NVIDIA driver charges to ``pid`` (all GPUs), from NVML;
-    ``None`` where NVML (the ``nvidia-ml-py`` package or a driver) is not available."""
+def nvml_devices(pid: int | None = None) -> list[dict] | None:
+    """Every GPU as NVML sees it, or ``None`` where NVML (the ``nvidia-ml-py`` package
+    or a driver) is not available.
+
+    Returns:
+        ``[{"index", "name", "total", "used", "free", "own", "others": [{"pid",
+        "used"}]}]``, sizes in bytes: ``own`` is what the driver charges to ``pid``
+        (default this process) on that device, ``None`` when it is not listed there;
+        ``others`` are the other processes on it.
+    """
     pid = os.getpid() if pid is None else pid
     if _nvml_state.get("failed"):
         return None
@@ -314,17 +321,32 @@ def nvml_memory(pid: int | None = None) -> int | None:
         if not _nvml_state.get("init"):
             pynvml.nvmlInit()
             _nvml_state["init"] = True
-        total, seen = 0, False
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        devices = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            own, others = None, []
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid == pid and proc.usedGpuMemory is not None:
-                    total += int(proc.usedGpuMemory)
-                    seen = True
-        return total if seen else None
+                used = int(proc.usedGpuMemory or 0)
+                if proc.pid == pid:
+                    own = (own or 0) + used
+                else:
+                    others.append({"pid": int(proc.pid), "used": used})
+            name = pynvml.nvmlDeviceGetName(handle)
+            devices.append({"index": index, "name": name.decode() if isinstance(name, bytes)
+                            else str(name), "total": int(info.total), "used": int(info.used),
+                            "free": int(info.free), "own": own, "others": others})
+        return devices
     except Exception:                                  # no package, no driver, no GPU
         _nvml_state["failed"] = True
         return None
+
+
+def nvml_memory(pid: int | None = None) -> int | None:
+    """GPU memory that the NVIDIA driver charges to ``pid`` (all GPUs), from NVML;
+    ``None`` where NVML is not available or ``pid`` uses no GPU."""
+    owned = [d["own"] for d in nvml_devices(pid) or [] if d["own"] is not None]
+    return sum(owned) if owned else None
 
 
 def extended_record(pid: int | None = None, *, python: bool = False) -> dict:

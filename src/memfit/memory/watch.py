@@ -31,7 +31,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -203,7 +203,7 @@ class _StatusLine:
 
 def watch(command: Sequence[str], *, interval: float = 0.5,
           workdir: str | os.PathLike = "memfit-watch",
-          status: TextIO | None = None) -> WatchResult:
+          status: TextIO | None = None, env: Mapping[str, str] | None = None) -> WatchResult:
     """Runs a command, sampling the memory of its whole process tree from outside.
 
     The command runs unchanged, with this process's stdin, stdout, stderr and
@@ -230,6 +230,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         status: where the live status line goes (anonymous RSS, peak, slope in MiB/min
             over the last 30 s), redrawn in place; only drawn when it is a terminal.
             ``None``: ``sys.stderr``.
+        env: more environment variables for the command (on top of this process's).
 
     Returns:
         A :class:`WatchResult`; ``print`` it for peak, final, growth and the verdict.
@@ -253,7 +254,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
             pass
 
     since = time.time()
-    proc = start(command, {WORKDIR_ENV: str(wd.path)})
+    proc = start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)})
     log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
     started = time.time()
     samples: list[Sample] = []

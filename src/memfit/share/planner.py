@@ -42,6 +42,7 @@ import psutil
 from memfit.errors import MemfitError
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.memory.log import LogError, read_log
+from memfit.memory.probe import nvml_devices
 from memfit.memory.sizes import format_size, parse_size
 from memfit.share.jobs import (
     Job,
@@ -176,16 +177,10 @@ def job_dir(workdir: str | os.PathLike, name: str) -> Path:
 
 def gpu_memory(index: int) -> tuple[int, int] | None:
     """``(total, free)`` bytes of GPU ``index`` from NVML, or ``None`` without one."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        if index >= pynvml.nvmlDeviceGetCount():
-            return None
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-        return int(info.total), int(info.free)
-    except Exception:                   # noqa: BLE001 - no package, no driver, no GPU
+    devices = nvml_devices() or []
+    if index >= len(devices):
         return None
+    return devices[index]["total"], devices[index]["free"]
 
 
 def _default_device() -> str:
