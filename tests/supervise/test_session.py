@@ -56,3 +56,14 @@ def test_restart_requests_are_ignored_without_a_supervisor(tmp_path, capsys):
         s.request_restart("leak")
         assert s.pending_restart() is None
     assert "no supervisor runs this process" in capsys.readouterr().err
+
+
+def test_a_gpu_cap_handed_down_by_share_is_applied_by_the_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFIT_GPU_MEMORY_LIMIT", "1GiB")
+    with memfit.session(tmp_path, verbose=0) as s:
+        assert s.device is not None and s.device.memory_limit == 2**30
+        assert s.device.source == "environment"
+        assert s.device.applied == bool(s.device.gpus)      # on the CPU: nothing to cap
+    monkeypatch.delenv("MEMFIT_GPU_MEMORY_LIMIT")
+    with memfit.session(tmp_path / "b", verbose=0) as s:
+        assert s.device is None

@@ -138,6 +138,8 @@ class Session:
         history: per-epoch logs of all epochs so far, across restarts (like
             ``History.history``); ``fit``'s returned History holds the same at its end.
         checkpoint: the checkpoint resumed from, or ``None``.
+        device: what :func:`memfit.configure_device` did with the GPU cap or growth that
+            ``memfit share`` handed down (``None`` when none was).
     """
 
     def __init__(self, workdir: str | os.PathLike | None = None, *, seed: int | None = None,
@@ -172,6 +174,13 @@ class Session:
         self.history: dict[str, list[float]] = {
             k: list(v) for k, v in (self.checkpoint.state.get("history", {})
                                     if self.checkpoint else {}).items()}
+        # Under memfit share the GPU cap is handed down; it must be set before
+        # TensorFlow touches the GPU, which seeding below may do.
+        self.device = None
+        from memfit.share.device import MEMORY_GROWTH_ENV, MEMORY_LIMIT_ENV, configure_device
+
+        if os.environ.get(MEMORY_LIMIT_ENV) or os.environ.get(MEMORY_GROWTH_ENV):
+            self.device = configure_device()
         if deterministic:
             import tensorflow as tf
 
