@@ -15,13 +15,18 @@ the CPU hits both alike. Throughput counts samples while iterating the dataset i
 What is compared (see docs/benchmarks.md):
 
 1. ``memfit.dataset`` vs ``from_tensor_slices(...).shuffle(B).batch(256).prefetch(AUTOTUNE)``
-   of the arrays in RAM, with ``B`` = the stream plan's ``window_samples``.
+   of the arrays in RAM, with ``B`` = the stream plan's ``window_samples``. The stream is
+   measured with both of its readers: the block reader (the default for fixed-shape,
+   uncompressed shards) and ``reader="tf"`` (``tf.data.TFRecordDataset`` +
+   ``parse_example``, the reader before the block reader existed): before and after,
+   side by side in one run.
 2. ``model.fit(memfit stream)`` vs ``model.fit(x, y, batch_size=256, shuffle=True)``.
 3. the stream vs ``np.fromfile`` of every shard file (the physical limit).
 4. the stream vs the common TFRecord recipe (``serialize_tensor`` per sample, read with
    ``parse_single_example`` + ``parse_tensor``); ``memfit.pack`` vs that recipe's writer.
-5. peak RSS of a child process streaming a big dataset vs a small one.
-6. shuffle quality (rank correlation with storage order, batch-mates kept across epochs).
+5. peak RSS of a child process streaming a big dataset vs a small one (both readers).
+6. shuffle quality (rank correlation with storage order, batch-mates kept across epochs;
+   both readers).
 7. the arrays path (``memfit.dataset`` over the ``.npy`` files: memory-mapped, a global
    permutation per epoch) beside the stream and the in-memory pipeline: throughput with
    the page cache warm (in the passes of 1) and cold (each pass in a fresh child, the
@@ -60,7 +65,8 @@ RECIPE_SHUFFLE = 3000
 _STARTED = time.perf_counter()
 
 # The child of measurement 5: stream one epoch, report memory as JSON (one line on stdout).
-# With a third argument "arrays", PATH is a directory of x.npy/y.npy read by the arrays path.
+# With a third argument "arrays", PATH is a directory of x.npy/y.npy read by the arrays path;
+# with "tf", PATH is read with memfit.dataset(..., reader="tf").
 CHILD = r"""
 import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -68,10 +74,12 @@ import tensorflow as tf
 import memfit
 
 path, budget = sys.argv[1], sys.argv[2]
-source = path
+source, extra = path, {}
 if sys.argv[3:] == ["arrays"]:
     source = {"x": f"{path}/x.npy", "y": f"{path}/y.npy"}
-ds = memfit.dataset(source, 256, features=("x", "y"), memory_budget=budget)
+elif sys.argv[3:] == ["tf"]:
+    extra = {"reader": "tf"}
+ds = memfit.dataset(source, 256, features=("x", "y"), memory_budget=budget, **extra)
 n = 0
 started = time.perf_counter()
 with memfit.measure() as m:
@@ -324,6 +332,9 @@ def shuffle_quality(path: Path, n: int, budget: str, window: int,
     storage_pos[stored] = np.arange(n)
     stream = memfit.dataset(path, BATCH, features=("id",), memory_budget=budget)
     s0, s1 = epoch_batches(stream), epoch_batches(stream)
+    log("shuffle: two epochs of the stream with reader='tf'")
+    tf_stream = memfit.dataset(path, BATCH, features=("id",), memory_budget=budget, reader="tf")
+    t0, t1 = epoch_batches(tf_stream), epoch_batches(tf_stream)
     log(f"shuffle: two in-memory epochs (shuffle({window:,}))")
     memory = (tf.data.Dataset.from_tensor_slices(np.arange(n, dtype=np.int64))
               .shuffle(window).batch(BATCH).prefetch(tf.data.AUTOTUNE))
@@ -333,6 +344,7 @@ def shuffle_quality(path: Path, n: int, budget: str, window: int,
     a0, a1 = epoch_batches(arrays), epoch_batches(arrays)
     out: dict[str, dict] = {}
     for side, (e0, e1, pos) in {"memfit": (s0, s1, storage_pos),
+                                 "memfit-tf": (t0, t1, storage_pos),
                                  "memory": (m0, m1, np.arange(n)),
                                  "arrays": (a0, a1, np.arange(n))}.items():
         rhos = [spearman(pos, check_epoch(e, n, side)) for e in (e0, e1)]
@@ -355,10 +367,11 @@ def run_child(code: str, *args: str, what: str) -> dict:
     return json.loads(lines[-1])
 
 
-def child_peak(path: Path, budget: str, arrays: bool = False) -> dict:
-    extra = ["arrays"] if arrays else []
+def child_peak(path: Path, budget: str, arrays: bool = False, reader: str = "") -> dict:
+    extra = ["arrays"] if arrays else ([reader] if reader else [])
     result = run_child(CHILD, str(path), budget, *extra, what=f"streaming ({path})")
-    log(f"rss: {path.name}{' (arrays path)' if arrays else ''}: {result['samples']:,} samples "
+    what = " (arrays path)" if arrays else (f" (reader={reader!r})" if reader else "")
+    log(f"rss: {path.name}{what}: {result['samples']:,} samples "
         f"in {result['seconds']:.1f} s, baseline anon {size(result['baseline_anon'])}, peak "
         f"anon {size(result['peak_anon'])}, peak file-backed {size(result['peak_file'])}, "
         f"peak total {size(result['peak_rss'])}")
@@ -463,6 +476,9 @@ def measure_reads(src: dict[str, Path], pack_dir: Path, recipe_file: Path, budge
     stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget)
     plan = stream.memfit_plan
     log(f"plan: {plan}")
+    tf_stream = memfit.dataset(pack_dir, BATCH, features=("x", "y"), memory_budget=budget,
+                               reader="tf")
+    log(f"plan (reader='tf'): {tf_stream.memfit_plan}")
     arrays = memfit.dataset({"x": str(src["x"]), "y": str(src["y"])}, BATCH,
                             features=("x", "y"), memory_budget=budget)
     log(f"arrays plan: {arrays.memfit_plan}")
@@ -488,13 +504,14 @@ def measure_reads(src: dict[str, Path], pack_dir: Path, recipe_file: Path, budge
 
     rates = interleaved("read", {
         "memfit": lambda: count_samples(stream),
+        "memfit-tf": lambda: count_samples(tf_stream),
         "arrays": lambda: count_samples(arrays),
         "in-memory": lambda: count_samples(memory),
         "recipe": lambda: count_samples(recipe),
         "np.fromfile": raw_read,
         "TFRecordDataset": tfrecord_read,
     }, passes)
-    return rates, (plan, arrays.memfit_plan)
+    return rates, (plan, arrays.memfit_plan, tf_stream.memfit_plan)
 
 
 def measure_cold(src: dict[str, Path], pack_dir: Path, budget: str,
@@ -550,18 +567,20 @@ def measure_rss(data_dir: Path, sizes_gb: dict[str, float], budget: str,
         source = make_source(data_dir, count, with_id=False)
         datasets[label] = (gb, count, ensure_pack(source, data_dir / f"pack-xy-{count}"))
     results: dict[str, list[dict]] = {label: [] for label in
-                                      [*datasets, *(f"arrays-{k}" for k in datasets)]}
+                                      [*datasets, *(f"arrays-{k}" for k in datasets),
+                                       *(f"tf-{k}" for k in datasets)]}
     for _ in range(runs):
         for label, (_, count, manifest) in datasets.items():
             results[label].append(child_peak(manifest.path, budget))
+            results[f"tf-{label}"].append(child_peak(manifest.path, budget, reader="tf"))
             npy_dir = make_source(data_dir, count, with_id=False)["x"].parent
             results[f"arrays-{label}"].append(child_peak(npy_dir, budget, arrays=True))
     out: dict[str, dict] = {"pack": pack_peak(make_source(
         data_dir, datasets["big"][1], with_id=False), data_dir)}
     for label, (gb, count, manifest) in datasets.items():
-        for key in (label, f"arrays-{label}"):
+        for key in (label, f"arrays-{label}", f"tf-{label}"):
             runs_ = results[key]
-            nbytes = manifest.bytes if key == label else count * SAMPLE_BYTES
+            nbytes = count * SAMPLE_BYTES if key.startswith("arrays") else manifest.bytes
             out[key] = {"gb": gb, "samples": count, "bytes": nbytes, "runs": runs_,
                         **{k: statistics.median(r[k] for r in runs_) for k in runs_[0]}}
     return out
@@ -584,7 +603,8 @@ def main(argv: list[str] | None = None) -> None:
     warm(list(src.values()))
     writes, pack_dir, recipe_file = measure_writes(src, data_dir, n, passes)
     cold = measure_cold(src, pack_dir, budget, passes)
-    reads, (plan, arrays_plan) = measure_reads(src, pack_dir, recipe_file, budget, passes)
+    reads, (plan, arrays_plan, tf_plan) = measure_reads(src, pack_dir, recipe_file, budget,
+                                                        passes)
     fits = measure_fit(src, pack_dir, budget, passes)
 
     id_dir = ensure_pack(src, data_dir / f"pack-xyid-{n}").path
@@ -598,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
     elapsed = time.perf_counter() - _STARTED
     print(render(args, tf.__version__, keras.__version__, load, plan, reads, fits, writes,
                  shuffle, id_window, rss, memfit.parse_size(budget), elapsed, cold,
-                 arrays_plan))
+                 arrays_plan, tf_plan))
     log(f"done in {elapsed:.0f} s")
 
 
@@ -615,7 +635,7 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
            plan: Any, reads: dict[str, list[float]], fits: dict[str, list[float]],
            writes: dict[str, list[float]], shuffle: dict[str, dict], id_window: int,
            rss: dict[str, dict], budget_bytes: int, elapsed: float, cold: dict[str, Any],
-           arrays_plan: Any) -> str:
+           arrays_plan: Any, tf_plan: Any) -> str:
     n = args.samples
     med = {f"{group}/{side}": statistics.median(v)
            for group, d in (("read", reads), ("fit", fits), ("write", writes))
@@ -629,6 +649,12 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
     r_anon = big["peak_anon"] / small["peak_anon"]
     r_total = big["peak_rss"] / small["peak_rss"]
     sm, mm, am = shuffle["memfit"], shuffle["memory"], shuffle["arrays"]
+    tm = shuffle["memfit-tf"]
+    before = med["read/memfit-tf"]                      # the stream with reader="tf"
+    t_small, t_big = rss["tf-small"], rss["tf-big"]
+    rt_anon = t_big["peak_anon"] / t_small["peak_anon"]
+    rt_total = t_big["peak_rss"] / t_small["peak_rss"]
+    t_limit = budget_bytes + t_big["baseline_anon"]
     arr = med["read/arrays"]
     cold_med = {side: statistics.median(v) for side, v in cold["rates"].items()}
     a_small, a_big = rss["arrays-small"], rss["arrays-big"]
@@ -642,11 +668,20 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
     rows = [
         "| measure | memfit | baseline | ratio | goal | met? |",
         "|---|---|---|---|---|---|",
-        _row(f"read: stream ÷ in-memory `from_tensor_slices` → `shuffle({plan.window_samples:,})`"
-             f" → `batch` → `prefetch`", rate(stream), rate(med["read/in-memory"]), r_mem,
-             "≥ 1.0", r_mem >= 1.0),
-        _row("read: stream ÷ common recipe (`parse_single_example` + `parse_tensor`)",
-             rate(stream), rate(med["read/recipe"]), r_recipe, "≥ 2.0", r_recipe >= 2.0),
+        _row(f"read: stream (block reader) ÷ in-memory `from_tensor_slices` → "
+             f"`shuffle({plan.window_samples:,})` → `batch` → `prefetch`", rate(stream),
+             rate(med["read/in-memory"]), r_mem, "≥ 1.0", r_mem >= 1.0),
+        _row("read, before: stream with `reader=\"tf\"` ÷ the same in-memory pipeline",
+             rate(before), rate(med["read/in-memory"]), before / med["read/in-memory"],
+             "≥ 1.0", before >= med["read/in-memory"]),
+        _row("read: stream (block reader) ÷ common recipe (`parse_single_example` + "
+             "`parse_tensor`)", rate(stream), rate(med["read/recipe"]), r_recipe, "≥ 2.0",
+             r_recipe >= 2.0),
+        _row("read, before: stream with `reader=\"tf\"` ÷ common recipe", rate(before),
+             rate(med["read/recipe"]), before / med["read/recipe"], "≥ 2.0",
+             before >= 2.0 * med["read/recipe"]),
+        _row("read: block reader ÷ `reader=\"tf\"` (after ÷ before)", rate(stream),
+             rate(before), stream / before, "—", None),
         _row("read: stream ÷ raw `np.fromfile` of the shard files (physical limit)",
              rate(stream), rate(med["read/np.fromfile"]), stream / med["read/np.fromfile"],
              "—", None),
@@ -671,6 +706,16 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
         _row(f"peak anon RSS ({big['gb']:g} GB) ÷ (memory_budget + TF baseline "
              f"{size(big['baseline_anon'])})", size(big["peak_anon"]), size(limit),
              big["peak_anon"] / limit, "≤ 1.0", big["peak_anon"] <= limit),
+        _row(f"before, `reader=\"tf\"`: peak anon RSS {big['gb']:g} GB ÷ {small['gb']:g} GB",
+             size(t_big["peak_anon"]), size(t_small["peak_anon"]), rt_anon, "≤ 1.05",
+             rt_anon <= 1.05),
+        _row(f"before, `reader=\"tf\"`: peak total RSS {big['gb']:g} GB ÷ {small['gb']:g} GB",
+             size(t_big["peak_rss"]), size(t_small["peak_rss"]), rt_total, "≤ 1.05",
+             rt_total <= 1.05),
+        _row(f"before, `reader=\"tf\"`: peak anon RSS ({big['gb']:g} GB) ÷ (memory_budget + "
+             f"TF baseline {size(t_big['baseline_anon'])})", size(t_big["peak_anon"]),
+             size(t_limit), t_big["peak_anon"] / t_limit, "≤ 1.0",
+             t_big["peak_anon"] <= t_limit),
         _row(f"anon RSS growth of a child packing the {big['gb']:g} GB set from memory-mapped "
              f".npy (peak file-backed {size(rss['pack']['peak_file'])})",
              size(rss["pack"]["anon_growth"]), "—", None, "bounded (~32 MiB chunks)", None),
@@ -681,6 +726,12 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
              f"(lower is better; random ≈ {(BATCH - 1) / (n - 1):.4f})",
              f"{sm['kept']:.4f}", f"{mm['kept']:.4f}",
              sm["kept"] / mm["kept"] if mm["kept"] else None, "—", None),
+        _row("shuffle, before (`reader=\"tf\"`): \\|Spearman ρ\\| ÷ in-memory",
+             f"{tm['abs_rho']:.3f}", f"{mm['abs_rho']:.3f}",
+             tm["abs_rho"] / mm["abs_rho"] if mm["abs_rho"] else None, "—", None),
+        _row("shuffle, before (`reader=\"tf\"`): batch-mates kept ÷ in-memory",
+             f"{tm['kept']:.4f}", f"{mm['kept']:.4f}",
+             tm["kept"] / mm["kept"] if mm["kept"] else None, "—", None),
         _row("read: arrays path (.npy memory-mapped, global shuffle) ÷ in-memory "
              "`from_tensor_slices` (page cache warm)", rate(arr), rate(med["read/in-memory"]),
              ra_mem, "≥ 1.0", ra_mem >= 1.0),
@@ -733,6 +784,7 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
         f"- Spread of the passes (samples/s): read: {spread(reads)}. write: {spread(writes)}. "
         f"fit: {spread(fits)}.",
         f"- Stream plan: {plan}",
+        f"- Stream plan with `reader=\"tf\"` (before): {tf_plan}",
         f"- Peak RSS: children stream one epoch of {small['samples']:,} samples "
         f"({size(small['bytes'])} of shards) and {big['samples']:,} samples "
         f"({size(big['bytes'])}); medians of {args.rss_runs} children each. Anon/total peaks "
@@ -743,10 +795,13 @@ def render(args: argparse.Namespace, tf_version: str, keras_version: str, load: 
         f"{size(small['peak_anon'] - small['baseline_anon'])} / "
         f"{size(big['peak_anon'] - big['baseline_anon'])}, plan estimate "
         f"{size(big['estimated_bytes'])}. Epoch time {small['seconds']:.1f} s / "
-        f"{big['seconds']:.1f} s.",
+        f"{big['seconds']:.1f} s. With `reader=\"tf\"`: anon/total peaks small "
+        f"{runs(t_small)}; big {runs(t_big)}; epoch time {t_small['seconds']:.1f} s / "
+        f"{t_big['seconds']:.1f} s.",
         f"- Shuffle: {n:,} samples packed with an `id` feature; in-memory buffer "
         f"`shuffle({id_window:,})` = the stream's window. Spearman ρ per epoch: memfit "
-        f"{sm['rho'][0]:+.3f} / {sm['rho'][1]:+.3f}, in-memory {mm['rho'][0]:+.3f} / "
+        f"{sm['rho'][0]:+.3f} / {sm['rho'][1]:+.3f} (`reader=\"tf\"`: {tm['rho'][0]:+.3f} / "
+        f"{tm['rho'][1]:+.3f}), in-memory {mm['rho'][0]:+.3f} / "
         f"{mm['rho'][1]:+.3f}. memfit's storage order is what `shuffle=False` yields (shard "
         f"by shard, record by record; `memfit.pack` already wrote a seeded global "
         f"permutation of the source); the in-memory pipeline's is the array order.",

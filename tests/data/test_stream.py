@@ -94,7 +94,7 @@ def test_plan_follows_the_budget(packed):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"batch_size": 0}, "batch_size=0"),
-    ({"batch_size": 8, "memory_budget": "10KiB"}, "memory_budget=10.0 KiB is too small"),
+    ({"batch_size": 8, "memory_budget": "2KiB"}, "memory_budget=2.0 KiB is too small"),
     ({"batch_size": 8, "features": ("x", "nope")}, "No feature 'nope'"),
     ({"batch_size": 8, "split": "test"}, "No split 'test'"),
     ({"batch_size": 8, "split": None}, "several splits"),

@@ -41,7 +41,6 @@ import logging
 import math
 import mmap
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,13 @@ import numpy as np
 from memfit._version import __version__
 from memfit.atomic import temporary_name, write_text_atomic
 from memfit.data.manifest import MANIFEST, Feature
+from memfit.data.pipeline import (
+    BufferPool,
+    RecyclingBuffers,
+    epochs_dataset,
+    finish,
+    order_rng,
+)
 from memfit.data.sources import _check_dtype
 from memfit.errors import DatasetError
 from memfit.memory.sizes import format_size, parse_size
@@ -75,7 +81,6 @@ _MAX_PARALLEL = 4               # gathers at once
 # permuted order, and the tensor TensorFlow makes of it when it cannot share the buffer.
 _GATHER_COPIES = 3
 _INDEX_COPIES = 4               # the indices, this epoch's ids, the next epoch's, a temporary
-_ALIGN = 64                     # TensorFlow shares (does not copy) 64-byte aligned buffers
 
 
 # -- the "memfit-arrays" directory ------------------------------------------------------------
@@ -549,54 +554,49 @@ def _plan(*, source: str, split: str | None, features: tuple[str, ...], batch_si
 
 # -- reading ----------------------------------------------------------------------------------
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-order array whose data is ``_ALIGN``-byte aligned (TensorFlow
-    wraps such a buffer as a tensor without copying it)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
 class _Gatherer:
     """Gathers the rows of a batch from every column: sorted reads, permuted output.
 
     The rows are first read in ascending index order (file order: locality on disk and in
-    the page cache) into a reused scratch buffer, then scattered into a fresh, aligned
-    batch in the permuted order. Reusing the scratch buffers (one set per concurrent call)
-    matters: a fresh buffer per batch costs a page fault per 4 KiB written, which made
-    the gather ~8x slower on the development machine.
+    the page cache) into a reused scratch buffer, then scattered into an aligned batch in
+    the permuted order. Reusing buffers matters: a fresh buffer per batch costs a page
+    fault per 4 KiB written. The scratch buffers are pooled (one set per concurrent call)
+    and the batches recycled once TensorFlow lets go of them (``keep`` of them: the
+    batches in flight); ``np.take`` runs with ``mode="clip"`` (the ids are checked
+    beforehand): with ``out=`` and the default ``mode="raise"`` NumPy gathers into a
+    temporary buffer first, several times slower.
+
+    Args:
+        columns: the arrays (memory-mapped or in memory), rows = samples.
+        dtypes: the dtype of each returned batch.
+        keep: batches alive at once (gathered, prefetched, consumed): buffers recycled.
     """
 
-    def __init__(self, columns: Sequence[np.ndarray], dtypes: Sequence[np.dtype]):
+    def __init__(self, columns: Sequence[np.ndarray], dtypes: Sequence[np.dtype],
+                 keep: int = 4):
         self.columns = list(columns)
         self.dtypes = list(dtypes)
-        self._free: list[list[np.ndarray]] = []
-        self._lock = threading.Lock()
-
-    def _scratch(self, n: int) -> list[np.ndarray]:
-        with self._lock:
-            bufs = self._free.pop() if self._free else None
-        if bufs is None or len(bufs[0]) < n:
-            bufs = [np.empty((n, *c.shape[1:]), c.dtype) for c in self.columns]
-        return bufs
+        self._pool: BufferPool[list[np.ndarray]] = BufferPool(
+            lambda n: [np.empty((n, *c.shape[1:]), c.dtype) for c in self.columns],
+            lambda bufs, n: len(bufs[0]) >= n)
+        self._batches = [RecyclingBuffers(keep) for _ in self.columns]
 
     def __call__(self, ids: np.ndarray) -> list[np.ndarray]:
         """The rows ``ids`` of every column, in the order of ``ids``."""
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         n = len(ids)
-        scratch = self._scratch(n)
+        scratch = self._pool.get(n)
         out = []
         try:
-            for col, dtype, buf in zip(self.columns, self.dtypes, scratch, strict=True):
-                rows = np.take(col, sorted_ids, axis=0, out=buf[:n])    # ascending reads
-                batch = _aligned_empty((n, *col.shape[1:]), dtype)
+            for col, dtype, buf, batches in zip(self.columns, self.dtypes, scratch,
+                                                self._batches, strict=True):
+                rows = np.take(col, sorted_ids, axis=0, out=buf[:n], mode="clip")  # ascending
+                batch = batches.array((n, *col.shape[1:]), dtype)
                 batch[order] = rows                                     # permuted order
                 out.append(batch)
         finally:
-            with self._lock:
-                self._free.append(scratch)
+            self._pool.put(scratch)
         return out
 
 
@@ -764,13 +764,13 @@ def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
     per_epoch = steps * batch if drop_remainder else plan.samples
     cols = [np.asarray(columns[n]) for n in names]       # plain views of the mappings
     out_dtypes = [dtypes[n] for n in names]
-    gather_np = _Gatherer(cols, out_dtypes)
+    gather_np = _Gatherer(cols, out_dtypes,
+                          keep=plan.parallel_reads + plan.prefetch_batches + 1)
 
     def epoch_ids(e: np.ndarray) -> np.ndarray:
         order = np.arange(total, dtype=id_dtype)
         if plan.shuffle:
-            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, int(e)])))
-            rng.shuffle(order)
+            order_rng(seed, int(e)).shuffle(order)
         if shard is not None:
             order = order[shard[0]::shard[1]]
         order = order[:per_epoch]
@@ -791,27 +791,10 @@ def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
             return dict(zip(names, got, strict=True))
         return tuple(got) if len(got) > 1 else got[0]
 
-    if plan.epochs is None:
-        # Each new iterator (Keras makes one per epoch) reads the counter and advances it.
-        counter = tf.Variable(plan.epoch, dtype=tf.int64, trainable=False,
-                              name="memfit_epoch")
-        epoch_ds = tf.data.Dataset.from_tensors(0).map(lambda _: counter.assign_add(1) - 1)
-    else:
-        epoch_ds = tf.data.Dataset.range(plan.epoch, plan.epochs)
+    epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
     ds = epoch_ds.flat_map(one_epoch)
     ds = ds.map(gather, num_parallel_calls=plan.parallel_reads, deterministic=True)
-    passes = 1 if plan.epochs is None else plan.epochs - plan.epoch
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps * passes))
-    ds = ds.prefetch(plan.prefetch_batches)
-    if shard is not None:
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = \
-            tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(options)
-    ds.memfit_plan = plan
-    if plan.epochs is None:
-        ds.memfit_epoch_counter = counter
-    return ds
+    return finish(ds, plan, counter, sharded=shard is not None)
 
 
 # -- packing ----------------------------------------------------------------------------------

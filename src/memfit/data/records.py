@@ -19,13 +19,15 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import io
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import google_crc32c
 
-__all__ = ["encode_example", "frame", "iter_records", "RecordError", "LENGTHS_SUFFIX"]
+__all__ = ["encode_example", "example_layout", "frame", "frame_header", "iter_records",
+           "crc32c_at", "mask_crc", "RecordError", "LENGTHS_SUFFIX"]
 
 LENGTHS_SUFFIX = "/lengths"
 _MASK_DELTA = 0xA282EAD8
@@ -40,9 +42,46 @@ class RecordError(Exception):
         self.offset = offset
 
 
+def mask_crc(crc: int) -> int:
+    """TFRecord's masked form of a CRC32C (what the frame stores, little-endian)."""
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
 def _masked_crc(data: bytes | memoryview) -> bytes:
-    crc = google_crc32c.value(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF)
+    return struct.pack("<I", mask_crc(google_crc32c.value(data)))
+
+
+def _bind_crc32c() -> Callable[[int, int, int], int]:
+    """``crc32c_extend(crc, address, nbytes)`` of the C library google_crc32c wraps.
+
+    google_crc32c's Python functions take ``bytes`` only (a slice of a NumPy buffer would
+    be copied first) and keep the GIL below 1 MiB; the C function it is built on takes a
+    pointer and, called through ``ctypes.CDLL``, runs without the GIL, whatever the size.
+    (Keeping the GIL for small pieces, as google_crc32c does, made the block reader's
+    throughput bimodal on the development machine: about half the processes ran at half
+    speed, one window builder holding the GIL through its CRC loop while the other
+    waited.) Falls back to copying the bytes when the symbol cannot be found (a build
+    without the bundled library).
+    """
+    try:
+        from google_crc32c import _crc32c  # type: ignore[attr-defined]
+
+        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
+        fn.restype = ctypes.c_uint32
+        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        probe = ctypes.create_string_buffer(b"memfit", 6)
+        if fn(0, ctypes.addressof(probe), 6) != google_crc32c.value(b"memfit"):
+            raise OSError("crc32c_extend gave a different checksum")
+        return fn
+    except (ImportError, OSError, AttributeError):
+        return lambda crc, address, nbytes: google_crc32c.extend(
+            crc, ctypes.string_at(address, nbytes))
+
+
+crc32c_at: Callable[[int, int, int], int] = _bind_crc32c()
+crc32c_at.__doc__ = """``crc32c_at(crc, address, nbytes)``: extends ``crc`` (0 to start) with
+the ``nbytes`` bytes at ``address`` (e.g. ``array.ctypes.data + offset``), without copying
+them and without holding the GIL. The caller keeps the buffer alive."""
 
 
 def _varint(n: int) -> bytes:
@@ -58,15 +97,28 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _field(tag: int, payload: bytes | Sequence[bytes]) -> list[bytes]:
+class _Hole:
+    """Stands for a feature's bytes in :func:`example_layout`: only their length is known."""
+
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int):
+        self.name = name
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _field(tag: int, payload: bytes | memoryview | _Hole | list) -> list:
     """A length-delimited protobuf field, as a list of byte pieces (joined once, later)."""
-    if isinstance(payload, bytes | bytearray | memoryview):
+    if not isinstance(payload, list):
         payload = [payload]
     size = sum(len(p) for p in payload)
     return [bytes([(tag << 3) | 2]), _varint(size), *payload]
 
 
-def _entry(name: str, feature: list[bytes]) -> list[bytes]:
+def _entry(name: str, feature: list) -> list:
     key = name.encode("utf-8")
     return _field(1, [*_field(1, key), *_field(2, feature)])
 
@@ -83,7 +135,12 @@ def encode_example(raw: Mapping[str, bytes | memoryview],
         The serialised message, byte for byte what TensorFlow's protobuf would write
         (map entries in the order given).
     """
-    entries: list[bytes] = []
+    return b"".join(_example_pieces(raw, int64s))
+
+
+def _example_pieces(raw: Mapping[str, bytes | memoryview | _Hole],
+                    int64s: Mapping[str, Sequence[int]] | None = None) -> list:
+    entries: list = []
     for name, data in raw.items():
         bytes_list = _field(1, data)                        # BytesList.value
         entries += _entry(name, _field(1, bytes_list))      # Feature.bytes_list
@@ -91,13 +148,45 @@ def encode_example(raw: Mapping[str, bytes | memoryview],
         packed = b"".join(_varint(int(v)) for v in values)
         int64_list = _field(1, packed)                      # Int64List.value (packed)
         entries += _entry(name, _field(3, int64_list))      # Feature.int64_list
-    return b"".join(_field(1, entries))                     # Example.features
+    return _field(1, entries)                               # Example.features
+
+
+def example_layout(sizes: Mapping[str, int]) -> list[bytes | tuple[str, int]]:
+    """Where each feature's bytes lie in the ``tf.train.Example`` that
+    :func:`encode_example` writes for ``bytes_list`` features of these sizes.
+
+    Example:
+        >>> [p if isinstance(p, tuple) else len(p) for p in example_layout({"x": 8, "y": 1000})]
+        [14, ('x', 8), 15, ('y', 1000)]
+
+    Args:
+        sizes: feature name → bytes of its value, in the order :func:`encode_example`
+            receives them.
+
+    Returns:
+        The serialised message as pieces in order: ``bytes`` that are always the same
+        for these sizes (tags and lengths), and ``(name, size)`` where a feature's bytes go.
+    """
+    out: list[bytes | tuple[str, int]] = []
+    for piece in _example_pieces({n: _Hole(n, s) for n, s in sizes.items()}):
+        if isinstance(piece, _Hole):
+            out.append((piece.name, piece.size))
+        elif out and isinstance(out[-1], bytes):
+            out[-1] += bytes(piece)
+        else:
+            out.append(bytes(piece))
+    return out
+
+
+def frame_header(length: int) -> bytes:
+    """The first 12 bytes of a TFRecord frame holding ``length`` bytes of data."""
+    header = struct.pack("<Q", length)
+    return header + _masked_crc(header)
 
 
 def frame(payload: bytes) -> bytes:
     """Wraps one record in TFRecord framing: length, masked CRC32C of it, data, CRC."""
-    header = struct.pack("<Q", len(payload))
-    return b"".join((header, _masked_crc(header), payload, _masked_crc(payload)))
+    return b"".join((frame_header(len(payload)), payload, _masked_crc(payload)))
 
 
 def iter_records(stream: io.RawIOBase | io.BufferedIOBase,
