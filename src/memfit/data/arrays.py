@@ -56,6 +56,7 @@ from memfit.data.pipeline import (
     epochs_dataset,
     finish,
     order_rng,
+    settle_plan,
 )
 from memfit.data.sources import _check_dtype
 from memfit.errors import DatasetError
@@ -734,15 +735,8 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
                  mapped_bytes=mapped, total=total, samples=samples,
                  index_itemsize=id_dtype.itemsize, cache=cache, shuffle=shuffle,
                  drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs)
-    if plan.steps_per_epoch == 0:
-        raise ValueError(f"drop_remainder=True with batch_size={batch_size} larger than the "
-                         f"{samples:,} samples leaves no batch. Received: "
-                         f"batch_size={batch_size}")
-    if cap_arenas:
-        from memfit.memory.allocator import limit_arenas
-
-        plan = dataclasses.replace(plan, arena_limit=limit_arenas(max(2, os.cpu_count() or 1)))
-    log.info("%s", plan)
+    plan = settle_plan(plan, batch_size=batch_size, samples=samples,
+                       cap_arenas=cap_arenas, log=log)
 
     if cache:
         columns = _load_into_ram(columns, subset, dtypes)

@@ -138,6 +138,25 @@ class RecyclingBuffers:
         return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def settle_plan(plan: Any, *, batch_size: int, samples: int, cap_arenas: bool,
+                log: Any) -> Any:
+    """The last steps every reader's plan goes through: refuse a plan with no batch, cap
+    glibc's arenas if asked (recorded in the plan), and log what was chosen."""
+    if plan.steps_per_epoch == 0:
+        raise ValueError(f"drop_remainder=True with batch_size={batch_size} larger than the "
+                         f"{samples:,} samples leaves no batch. Received: "
+                         f"batch_size={batch_size}")
+    if cap_arenas:
+        import dataclasses
+        import os
+
+        from memfit.memory.allocator import limit_arenas
+
+        plan = dataclasses.replace(plan, arena_limit=limit_arenas(max(2, os.cpu_count() or 1)))
+    log.info("%s", plan)
+    return plan
+
+
 def order_rng(seed: int, *keys: int) -> np.random.Generator:
     """The generator of one random choice: ``PCG64(SeedSequence([seed, *keys]))``.
 

@@ -57,10 +57,9 @@ import tensorflow as tf
 
 from memfit.data import arrays, blocks
 from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import epochs_dataset, finish
+from memfit.data.pipeline import epochs_dataset, finish, settle_plan
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
-from memfit.memory.allocator import limit_arenas
 from memfit.memory.sizes import format_size, parse_size
 
 __all__ = ["dataset", "DatasetPlan", "plan_dataset"]
@@ -434,13 +433,8 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
                             epoch=epoch, epochs=epochs, files=len(shards))
         if reader == "auto":
             plan = dataclasses.replace(plan, reader_note=why)
-    if plan.steps_per_epoch == 0:
-        raise ValueError(f"drop_remainder=True with batch_size={batch_size} larger than the "
-                         f"{samples:,} samples leaves no batch. Received: "
-                         f"batch_size={batch_size}")
-    if cap_arenas:
-        plan = dataclasses.replace(plan, arena_limit=limit_arenas(max(2, os.cpu_count() or 1)))
-    log.info("%s", plan)
+    plan = settle_plan(plan, batch_size=batch_size, samples=samples,
+                       cap_arenas=cap_arenas, log=log)
     if plan.reader == "blocks":
         block_reader = blocks.BlockReader(
             manifest, shards, names, seed=seed, shuffle=shuffle, cycle=plan.cycle_length,
