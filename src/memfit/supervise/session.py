@@ -364,7 +364,7 @@ class SessionCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._epoch_done:
-            self._finish_epoch(last=False)
+            self._maybe_restart()
         self._position = (epoch, self._position[1] if epoch == self._position[0] else 0)
 
     def _continue_metrics(self) -> None:
@@ -409,20 +409,21 @@ class SessionCallback(keras.callbacks.Callback):
             s.history.setdefault(key, []).append(value)
         self._position = (epoch + 1, 0)
         self._epochs_here += 1
-        # Saved when the other callbacks are done with this epoch (the progress bar has
-        # printed it, ReduceLROnPlateau has set the rate): at the next epoch's start or
-        # at the end of training.
+        self._save("epoch")
+        # A restart waits for the next epoch's start: the other callbacks are done with
+        # this epoch then (the progress bar has printed it, ReduceLROnPlateau has set
+        # the rate, which the restart checkpoint then holds too).
         self._epoch_done = True
 
-    def _finish_epoch(self, last: bool) -> None:
+    def _maybe_restart(self) -> None:
         self._epoch_done = False
         s = self.session
         every = s.restart_every
         reason = s.pending_restart()
-        if reason is None and every and self._epochs_here >= every and not last:
+        if reason is None and every and self._epochs_here >= every:
             reason = f"every {every} epoch{'s' if every != 1 else ''}"
-        self._save(reason or "epoch")
-        if reason is not None and not last:
+        if reason is not None:
+            self._save(reason)
             self._exit(reason)
 
     def _save(self, reason: str) -> Checkpoint:
@@ -470,8 +471,7 @@ class SessionCallback(keras.callbacks.Callback):
         os._exit(exitcodes.RESTART)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._epoch_done:
-            self._finish_epoch(last=True)
+        self._epoch_done = False            # the last epoch: nothing to restart for
         self._unwrap()
         self.model._initial_epoch = None
         history = getattr(self.model, "history", None)
