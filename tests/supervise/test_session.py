@@ -67,3 +67,24 @@ def test_a_gpu_cap_handed_down_by_share_is_applied_by_the_session(tmp_path, monk
     monkeypatch.delenv("MEMFIT_GPU_MEMORY_LIMIT")
     with memfit.session(tmp_path / "b", verbose=0) as s:
         assert s.device is None
+
+
+def test_a_leak_verdict_asks_the_supervised_session_to_restart(tmp_path, monkeypatch):
+    """MemoryMonitor(on_leak="restart") under memfit run hands the restart to the
+    session (which checkpoints everything), instead of saving a bare .keras and exiting."""
+    from memfit.memory.classify import classify
+
+    monkeypatch.setenv(protocol.SUPERVISOR_ENV, "1")
+    with memfit.session(tmp_path, verbose=0) as s:
+        monitor = memfit.MemoryMonitor(tmp_path, on_leak="restart", verbose=0)
+        monitor.on_train_begin()
+        monitor.verdict = classify([100e6 + 20e6 * i for i in range(8)], warmup_epochs=1)
+        assert monitor.verdict.kind == "leak"
+        monitor._act(epoch=7, first=True)               # returns: no exit here
+        assert s.pending_restart() == "leak"
+        monitor.on_train_end()
+    assert not (tmp_path / "checkpoints" / "leak-restart.keras").exists()
+    from memfit.memory.log import read_log
+
+    assert any(r["event"] == "request" and r["reason"] == "leak"
+               for r in read_log(tmp_path / "memory.jsonl"))
