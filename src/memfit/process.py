@@ -22,10 +22,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
-import psutil
-
 from memfit import exitcodes
 from memfit.errors import MemfitError
+from memfit.memory.probe import descendants
 
 __all__ = ["CommandStartError", "check_command", "start", "forward_signals", "exit_code",
            "kill_tree", "ticks"]
@@ -104,17 +103,17 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Sends ``sig`` to ``proc`` and every process below it (data-loader workers too)."""
-    try:
-        below = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        below = []
-    for p in [*below]:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(sig)
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
+def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL, *,
+              include_self: bool = True) -> None:
+    """Sends ``sig`` to every process below ``proc`` (data-loader workers too) and, with
+    ``include_self``, to ``proc`` itself (without: a supervisor's training process dies,
+    the supervisor lives on to restart it)."""
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    if include_self:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
 
 
 def _terminal_sent(signum: int, pid: int) -> bool:

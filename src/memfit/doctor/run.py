@@ -23,14 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-import psutil
-
 from memfit.atomic import write_text_atomic
 from memfit.doctor import site
 from memfit.doctor.findings import Facts, diagnose
 from memfit.doctor.probe import FORMAT as PROBE_FORMAT
 from memfit.doctor.report import DoctorResult
 from memfit.memory.log import MemoryLog
+from memfit.memory.probe import system_memory
 from memfit.memory.watch import watch
 from memfit.process import check_command
 from memfit.workdir import Workdir
@@ -138,7 +137,7 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     facts = Facts(command=tuple(command), probe=probe,
                   peak_anon=None if watched.peak is None else watched.peak.anon_or_total,
                   watch_verdict={**watched.verdict.to_record(), "basis": watched.basis},
-                  ram_total=psutil.virtual_memory().total)
+                  ram_total=system_memory()[0])
     findings = tuple(diagnose(facts))
     result = DoctorResult(command=tuple(command), exit_code=watched.exit_code,
                           duration=watched.duration, findings=findings,

@@ -102,6 +102,25 @@ def _add(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else a + b
 
 
+def system_memory() -> tuple[int, int]:
+    """``(total, available)`` bytes of this machine's RAM (``available``: what new
+    processes can get without swapping, as the kernel estimates it)."""
+    info = psutil.virtual_memory()
+    return int(info.total), int(info.available)
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every process below ``pid`` (children, theirs...); ``[]`` if it is gone.
+
+    The one place that walks a process tree: sampling a tree, its GPU memory, and
+    killing a tree (:func:`memfit.process.kill_tree`) all go through it.
+    """
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def sample(pid: int | None = None, *, tree: bool = False) -> Sample:
     """Samples the resident memory of one process, or of it and all its descendants.
 
@@ -124,13 +143,9 @@ def sample(pid: int | None = None, *, tree: bool = False) -> Sample:
         raise ProcessLookupError(f"No process with pid={pid} to sample.") from e
     if not tree:
         return root
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return root
     total = dataclasses.replace(root, rss_peak=None)   # a tree has no single high-water mark
-    for child in children:
-        status = _read_status(child.pid)
+    for child in descendants(pid):
+        status = _read_status(child)
         if status is None:          # exited, a zombie, or not readable: holds no memory we see
             continue
         total = Sample(t=total.t, pid=pid, rss=total.rss + status["rss"],
@@ -342,10 +357,13 @@ def nvml_devices(pid: int | None = None) -> list[dict] | None:
         return None
 
 
-def nvml_memory(pid: int | None = None) -> int | None:
-    """GPU memory that the NVIDIA driver charges to ``pid`` (all GPUs), from NVML;
-    ``None`` where NVML is not available or ``pid`` uses no GPU."""
-    owned = [d["own"] for d in nvml_devices(pid) or [] if d["own"] is not None]
+def nvml_memory(pid: int | None = None, *, tree: bool = False) -> int | None:
+    """GPU memory that the NVIDIA driver charges to ``pid`` (all GPUs), from NVML, or to
+    it and its descendants with ``tree``; ``None`` where NVML is not available or none of
+    them uses a GPU."""
+    pid = os.getpid() if pid is None else pid
+    owned = [d["own"] for p in [pid, *(descendants(pid) if tree else [])]
+             for d in nvml_devices(p) or [] if d["own"] is not None]
     return sum(owned) if owned else None
 
 

@@ -37,12 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from memfit.errors import MemfitError
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.memory.log import LogError, read_log
-from memfit.memory.probe import nvml_devices
+from memfit.memory.probe import nvml_devices, system_memory
 from memfit.memory.sizes import format_size, parse_size
 from memfit.share.jobs import (
     Job,
@@ -194,7 +192,7 @@ def _budget(value: Any, device: str) -> tuple[int, str]:
             raise JobsFileError(f"budget must be more than 0 bytes. Received: budget={value!r}")
         return budget, "given"
     if device == "cpu":
-        return int(psutil.virtual_memory().available), "memory available now"
+        return system_memory()[1], "memory available now"
     memory = gpu_memory(int(device.split(":")[1]))
     if memory is None:
         raise JobsFileError(f"No GPU {device} is visible (NVML reports none): give --budget "

@@ -48,8 +48,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import psutil
-
 from memfit.atomic import temporary_name
 from memfit.memory.log import LogError, MemoryLog, read_log
 from memfit.memory.probe import Sample, nvml_memory, sample
@@ -269,28 +267,6 @@ def _environment(job: PlannedJob, p: Plan, directory: Path) -> dict[str, str]:
     return env
 
 
-def _tree_nvml(pid: int) -> int | None:
-    """GPU memory NVML charges to ``pid`` and its descendants (``None``: none seen)."""
-    try:
-        pids = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        pids = [pid]
-    values = [v for v in (nvml_memory(p) for p in pids) if v is not None]
-    return sum(values) if values else None
-
-
-def _kill_below(proc: subprocess.Popen) -> None:
-    """Kills the processes below ``proc`` (a supervised job's training process), not
-    ``proc`` itself: ``memfit run`` restarts them."""
-    try:
-        below = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        return
-    for child in below:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-
-
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(code - 128).name
@@ -461,7 +437,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
         log.write("kill", pid=a.proc.pid, job=a.job.name, reason="over-share", value=value,
                   share=a.job.charge)
         if a.job.restart:
-            _kill_below(a.proc)             # memfit run restarts the training process
+            kill_tree(a.proc, include_self=False)   # memfit run restarts the training process
             status.event(f"{a.job.name}: {what} {format_size(value)} above its share "
                          f"{format_size(a.job.charge)}: its training process was killed "
                          f"for memfit run to restart")
@@ -503,7 +479,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
                         s: Sample | None = sample(a.proc.pid, tree=True)
                     except ProcessLookupError:
                         s = None
-                    gpu = _tree_nvml(a.proc.pid) if on_gpu and s is not None else None
+                    gpu = nvml_memory(a.proc.pid, tree=True) if on_gpu and s is not None else None
                     if s is None:
                         continue
                     host = s.anon_or_total
