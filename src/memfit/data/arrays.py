@@ -53,6 +53,9 @@ from memfit.data.manifest import MANIFEST, Feature
 from memfit.data.pipeline import (
     BufferPool,
     RecyclingBuffers,
+    check_arguments,
+    check_features,
+    check_seed,
     epochs_dataset,
     finish,
     order_rng,
@@ -680,35 +683,14 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
     Returns:
         A ``tf.data.Dataset``; its ``memfit_plan`` attribute is an :class:`ArraysPlan`.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer. "
-                         f"Received: batch_size={batch_size!r}")
-    if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. "
-                         f"Received: on_corrupt={on_corrupt!r}")
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer. Received: epoch={epoch!r}")
-    if epochs is not None and (not isinstance(epochs, int) or epochs <= epoch):
-        raise ValueError(f"epochs must be an integer greater than epoch={epoch}, or None. "
-                         f"Received: epochs={epochs!r}")
+    check_arguments(batch_size=batch_size, on_corrupt=on_corrupt, epoch=epoch, epochs=epochs)
     if cache not in (None, "ram"):
         raise ValueError(f"cache must be None or 'ram'. Received: cache={cache!r}")
     src = _resolve(source, split)
-    if features is not None:
-        if isinstance(features, str):
-            features = (features,)
-        unknown = [f for f in features if f not in src.names]
-        if unknown:
-            raise ValueError(f"No feature {unknown[0]!r} in {src.description}; it has "
-                             f"{sorted(src.names)}. Received: features={tuple(features)}")
-        if len(set(features)) != len(features):
-            raise ValueError(f"features names a feature twice. "
-                             f"Received: features={tuple(features)}")
-    names = tuple(features) if features is not None else tuple(src.names)
+    features = check_features(features, src.names, src.description)
+    names = features if features is not None else tuple(src.names)
     default_seed = src.manifest.seed if src.manifest is not None else 0
-    seed = default_seed if seed is None else seed
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer. Received: seed={seed!r}")
+    seed = check_seed(default_seed if seed is None else seed)
     if input_context is not None:
         shard = (input_context.input_pipeline_id, input_context.num_input_pipelines)
     if shard is not None:

@@ -138,6 +138,42 @@ class RecyclingBuffers:
         return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def check_arguments(*, batch_size: Any, on_corrupt: Any, epoch: Any, epochs: Any) -> None:
+    """The argument checks every reader's ``dataset()`` starts with (errors quote the
+    value)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer. "
+                         f"Received: batch_size={batch_size!r}")
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. "
+                         f"Received: on_corrupt={on_corrupt!r}")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer. Received: epoch={epoch!r}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs <= epoch):
+        raise ValueError(f"epochs must be an integer greater than epoch={epoch}, or None. "
+                         f"Received: epochs={epochs!r}")
+
+
+def check_features(features: Any, names: Any, where: Any) -> tuple[str, ...] | None:
+    """``features`` as a tuple (``None`` stays ``None``), each one of ``names``, once."""
+    if features is None:
+        return None
+    features = (features,) if isinstance(features, str) else tuple(features)
+    unknown = [f for f in features if f not in names]
+    if unknown:
+        raise ValueError(f"No feature {unknown[0]!r} in {where}; it has "
+                         f"{sorted(names)}. Received: features={features}")
+    if len(set(features)) != len(features):
+        raise ValueError(f"features names a feature twice. Received: features={features}")
+    return features
+
+
+def check_seed(seed: Any) -> int:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer. Received: seed={seed!r}")
+    return seed
+
+
 def settle_plan(plan: Any, *, batch_size: int, samples: int, cap_arenas: bool,
                 log: Any) -> Any:
     """The last steps every reader's plan goes through: refuse a plan with no batch, cap

@@ -57,7 +57,14 @@ import tensorflow as tf
 
 from memfit.data import arrays, blocks
 from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import epochs_dataset, finish, settle_plan
+from memfit.data.pipeline import (
+    check_arguments,
+    check_features,
+    check_seed,
+    epochs_dataset,
+    finish,
+    settle_plan,
+)
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 from memfit.memory.sizes import format_size, parse_size
@@ -383,27 +390,9 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
                          f", cache={cache!r}")
     manifest = Manifest.load(path)
     sp = manifest.split(split)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer. "
-                         f"Received: batch_size={batch_size!r}")
-    if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"on_corrupt must be 'raise' or 'skip'. "
-                         f"Received: on_corrupt={on_corrupt!r}")
-    if not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer. Received: epoch={epoch!r}")
-    if epochs is not None and (not isinstance(epochs, int) or epochs <= epoch):
-        raise ValueError(f"epochs must be an integer greater than epoch={epoch}, or None. "
-                         f"Received: epochs={epochs!r}")
-    if features is not None:
-        if isinstance(features, str):
-            features = (features,)
-        unknown = [f for f in features if f not in manifest.features]
-        if unknown:
-            raise ValueError(f"No feature {unknown[0]!r} in {path}; it has "
-                             f"{sorted(manifest.features)}. Received: features={tuple(features)}")
-    seed = manifest.seed if seed is None else seed
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer. Received: seed={seed!r}")
+    check_arguments(batch_size=batch_size, on_corrupt=on_corrupt, epoch=epoch, epochs=epochs)
+    features = check_features(features, manifest.features, path)
+    seed = check_seed(manifest.seed if seed is None else seed)
     if input_context is not None:
         shard = (input_context.input_pipeline_id, input_context.num_input_pipelines)
     shards = list(sp.shards)
