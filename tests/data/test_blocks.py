@@ -109,6 +109,44 @@ def test_epochs_mode_and_counter_mode_agree(packed):
     assert passes[2] == epoch_ids(packed, batch_size=50, seed=3, epoch=2)
 
 
+def test_a_pass_given_up_still_moves_the_counter_and_the_next_one_is_exact(packed):
+    # The feeder builds the next windows ahead (into the next epoch); a pass left after
+    # two batches must not leak its windows into the next pass, which is epoch 1 whole.
+    ds = memfit.dataset(packed, 50, split="train", seed=3)
+    it = iter(ds)
+    first = [next(it)["id"].numpy().tolist() for _ in range(2)]
+    del it
+    whole = [b["id"].numpy().tolist() for b in ds]
+    assert first == epoch_ids(packed, batch_size=50, seed=3, epoch=0)[:2]
+    assert whole == epoch_ids(packed, batch_size=50, seed=3, epoch=1)
+    assert ds.memfit_epoch_counter.numpy() == 2
+
+
+def test_two_passes_read_at_once_each_get_a_whole_epoch(packed):
+    ds = memfit.dataset(packed, 50, split="train", seed=3)
+    a, b = iter(ds), iter(ds)
+    got_a, got_b = [], []
+    for x, y in zip(a, b, strict=True):             # interleaved, batch by batch
+        got_a.append(x["id"].numpy().tolist())
+        got_b.append(y["id"].numpy().tolist())
+    assert {tuple(map(tuple, got_a)), tuple(map(tuple, got_b))} == {
+        tuple(map(tuple, epoch_ids(packed, batch_size=50, seed=3, epoch=e))) for e in (0, 1)}
+
+
+def test_an_error_in_a_window_built_ahead_reaches_the_pass_that_reads_it(damaged):
+    path, bad, full = damaged
+    data = bytearray(bad.read_bytes())
+    data[7 * full + full // 2] ^= 0xFF                 # record 7: samples 70-79
+    bad.write_bytes(bytes(data))
+    ds = memfit.dataset(path, 8, shuffle=False, memory_budget="24KiB")
+    assert ds.memfit_plan.window_samples == 32         # record 7 is in window 2, built ahead
+    seen = []
+    with pytest.raises(tf.errors.InvalidArgumentError, match="record 7 of 20"):
+        for b in ds:
+            seen.extend(b["id"].numpy().tolist())
+    assert len(seen) == len(set(seen)) == 64           # windows 0 and 1, then the error
+
+
 def test_features_subset_returns_only_what_is_asked(packed):
     ds = memfit.dataset(packed, 32, split="val", features=("y", "id"))
     y, i = next(iter(ds))

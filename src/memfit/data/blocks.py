@@ -57,10 +57,11 @@ from memfit.data.manifest import Feature, Manifest, Shard
 from memfit.data.pipeline import (
     BufferPool,
     RecyclingBuffers,
+    WindowFeeder,
     aligned_empty,
-    epoch_pairs,
     finish,
     order_rng,
+    touch,
 )
 from memfit.data.records import crc32c_at, example_layout, frame_header, mask_crc
 from memfit.errors import CorruptShardError
@@ -324,11 +325,16 @@ class BlockReader:
         on_corrupt: ``"raise"`` or ``"skip"``.
         outputs_alive: windows whose output the pipeline holds at once (built, being
             rebatched, prefetched): the output buffers kept for reuse.
+        builders: windows built at once (the scratch buffer sets kept).
+
+    The first window asked for takes every buffer the plan counts (``builders`` scratch
+    sets, ``outputs_alive`` outputs per feature) and touches their pages: the reader's
+    memory is then flat from the first batch on, whatever the length of the run.
     """
 
     def __init__(self, manifest: Manifest, shards: Sequence[Shard], names: Sequence[str], *,
                  seed: int, shuffle: bool, cycle: int, window: int, batch_size: int,
-                 samples: int, on_corrupt: str, outputs_alive: int = 4):
+                 samples: int, on_corrupt: str, outputs_alive: int = 4, builders: int = 1):
         base = manifest.path
         self.files = [str(base / s.file) if base is not None else s.file for s in shards]
         self.records = np.array([s.records for s in shards], np.int64)
@@ -373,6 +379,29 @@ class BlockReader:
             self._make_buffers, lambda b, need: b.rows >= need[0] and b.records >= need[1])
         self._default_need = (rows, math.ceil(rows / self.k) + 2)
         self._outputs = {f: RecyclingBuffers(outputs_alive) for f in self.requested}
+        self._builders = max(1, builders)
+        self._reserved = False
+        self._reserve_lock = threading.Lock()
+
+    def _reserve(self) -> None:
+        """Takes the planned buffers at once (see the class docstring); other first
+        callers wait for it, so that none of them makes a buffer set of its own."""
+        with self._reserve_lock:
+            if self._reserved:
+                return
+            self._reserve_now()
+            self._reserved = True
+
+    def _reserve_now(self) -> None:
+        def prepare(bufs: _Buffers) -> None:
+            for a in (*bufs.data, bufs.head, bufs.skel, bufs.foot, bufs.iov):
+                touch(a)
+
+        self._pool.reserve(self._builders, self._default_need, prepare)
+        rows = min(self.window_samples, self.samples)
+        for f in self.requested:
+            self._outputs[f].reserve(rows * self.dtypes[f].itemsize
+                                     * math.prod(self.features[f].shape or ()))
 
     # -- the epoch's record sequence ------------------------------------------------------
     def _epoch(self, e: int) -> _Epoch:
@@ -572,6 +601,8 @@ class BlockReader:
         """Window ``w`` of epoch ``e``: one aligned array per requested feature, its
         samples in batch order (``batch_size`` at a time)."""
         e, w = int(e), int(w)
+        if not self._reserved:
+            self._reserve()
         ep = self._epoch(e)
         a = w * self.window_samples
         b = min(a + self.window_samples, self.samples, int(ep.starts[-1]))
@@ -633,16 +664,18 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
           drop_remainder: bool, sharded: bool) -> tf.data.Dataset:
     """The ``tf.data`` pipeline over a :class:`BlockReader`::
 
-        (epoch, window) pairs → map(numpy_function(reader.window), num_parallel_calls,
-        deterministic=True) → rebatch(batch_size) (dim-0 slices: no copy) → prefetch
+        element numbers of a pass → map(numpy_function(WindowFeeder(reader.window)))
+        → rebatch(batch_size) (dim-0 slices: no copy) → prefetch
 
-    One parallel map over the windows of all the epochs of a pass (:func:`epoch_pairs`):
-    its function is set up once per iterator, and a pass of several epochs
-    (``epochs=N``) runs on without a pause between them. Windows hold whole batches, but
-    for the last one of an epoch, which may end with a smaller batch: with ``epochs=N``
-    the rebatch then cycles through the epoch's batch sizes, so no batch spans two
-    epochs. (Skipping damaged records, ``on_corrupt="skip"``, leaves windows short:
-    batches are then cut across windows, and, with ``epochs=N``, across epochs.)
+    The feeder (:class:`memfit.data.pipeline.WindowFeeder`) builds ``parallel_windows``
+    windows ahead on its own threads, into the next epoch, and hands them to a
+    sequential map in order: a new iterator instantiates one small function and finds its
+    first windows built. A pass of several epochs (``epochs=N``) runs on without a
+    pause between them. Windows hold whole batches, but for the last one of an epoch,
+    which may end with a smaller batch: with ``epochs=N`` the rebatch then cycles through
+    the epoch's batch sizes, so no batch spans two epochs. (Skipping damaged records,
+    ``on_corrupt="skip"``, leaves windows short: batches are then cut across windows,
+    and, with ``epochs=N``, across epochs.)
 
     Args:
         reader: the reader.
@@ -658,17 +691,20 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
     types = [tf.as_dtype(d) for d in reader.output_dtypes()]
     shapes = reader.output_shapes()
     batch = plan.batch_size
+    feeder = WindowFeeder(reader.window, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
+                          workers=plan.parallel_windows, ahead=plan.parallel_windows)
 
-    def window(ew: tf.Tensor) -> Any:
-        got = tf.numpy_function(reader.window, [ew[0], ew[1]], types, stateful=False)
+    def window(i: tf.Tensor) -> Any:
+        # stateful: the feeder counts passes, so tf.data must keep this map sequential.
+        got = tf.numpy_function(feeder, [i], types, stateful=True)
         for t, shape in zip(got, shapes, strict=True):
             t.set_shape([None, *shape])
         if features is None:
             return dict(zip(names, got, strict=True))
         return tuple(got) if len(got) > 1 else got[0]
 
-    pairs, counter = epoch_pairs(plan.epoch, plan.epochs, reader.windows)
-    ds = pairs.map(window, num_parallel_calls=plan.parallel_windows, deterministic=True)
+    passes = 1 if plan.epochs is None else plan.epochs - plan.epoch
+    ds = tf.data.Dataset.range(passes * reader.windows).map(window)
     tail = reader.samples % batch
     if plan.epochs is not None and tail and not drop_remainder and reader.on_corrupt == "raise":
         sizes = np.full(plan.steps_per_epoch, batch, np.int64)
@@ -677,5 +713,5 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
     else:
         ds = ds.rebatch(batch, drop_remainder=drop_remainder)
     # Skipping damaged records leaves fewer batches than planned: no cardinality then.
-    return finish(ds, plan, counter, sharded=sharded,
+    return finish(ds, plan, feeder.counter, sharded=sharded,
                   check_cardinality=reader.on_corrupt == "raise")

@@ -10,6 +10,8 @@ reader of :mod:`memfit.data.arrays`.
 - :func:`epochs_dataset` and :func:`finish`: the epoch counter (``epochs=None``: each new
   pass is the next epoch) or range (``epochs=N``), and the common tail (known
   cardinality, prefetch, no auto-sharding when sharded by hand, the plan attached).
+- :class:`WindowFeeder`: the block reader's windows, built ahead on threads and handed to
+  a sequential ``map`` in order (the epoch counter in Python: :class:`EpochCounter`).
 
 Example:
     >>> rng = order_rng(0, 3)                   # epoch 3 of seed 0
@@ -31,8 +33,8 @@ import numpy as np
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["ALIGN", "aligned_empty", "BufferPool", "RecyclingBuffers", "order_rng",
-           "epochs_dataset", "epoch_pairs", "finish"]
+__all__ = ["ALIGN", "aligned_empty", "touch", "BufferPool", "RecyclingBuffers", "order_rng",
+           "epochs_dataset", "EpochCounter", "WindowFeeder", "finish"]
 
 ALIGN = 64                      # TensorFlow shares (does not copy) 64-byte aligned buffers
 
@@ -52,6 +54,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = ALIGN) -
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def touch(array: np.ndarray) -> None:
+    """Writes one byte per 4 KiB page of a (C-contiguous) array: its memory is resident
+    now, not at the first write of a later, timed call."""
+    flat = array.reshape(-1).view(np.uint8)
+    flat[::4096] = 0
 
 
 class BufferPool(Generic[T]):
@@ -87,6 +96,17 @@ class BufferPool(Generic[T]):
         with self._lock:
             self._free.append(bufs)
 
+    def reserve(self, count: int, need: Any, prepare: Callable[[T], None]) -> None:
+        """Makes sure ``count`` sets that fit ``need`` are pooled; new sets go through
+        ``prepare`` (e.g. to touch their pages) before anyone can get them."""
+        with self._lock:
+            missing = count - sum(1 for b in self._free if self._fits(b, need))
+        new = [self._make(need) for _ in range(missing)]
+        for bufs in new:
+            prepare(bufs)
+        with self._lock:
+            self._free.extend(new)
+
 
 class RecyclingBuffers:
     """Aligned arrays handed to TensorFlow, taken back once nothing refers to them.
@@ -115,6 +135,16 @@ class RecyclingBuffers:
         self.keep = max(1, keep)
         self._bufs: list[np.ndarray] = []
         self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> None:
+        """Keeps ``keep`` buffers of at least ``nbytes`` bytes, their pages touched, so that
+        the arrays handed out later never take new memory (within ``keep`` alive)."""
+        with self._lock:
+            self._bufs = [b for b in self._bufs if b.nbytes >= nbytes + ALIGN]
+            while len(self._bufs) < self.keep:
+                raw = np.empty(nbytes + ALIGN, np.uint8)
+                touch(raw)
+                self._bufs.append(raw)
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised aligned C-order array of this shape and dtype."""
@@ -227,36 +257,130 @@ def epochs_dataset(epoch: int, epochs: int | None) -> tuple[tf.data.Dataset, Any
     return tf.data.Dataset.range(epoch, epochs), None
 
 
-def epoch_pairs(epoch: int, epochs: int | None, per_epoch: int) -> tuple[tf.data.Dataset, Any]:
-    """``(epoch, index)`` pairs, ``per_epoch`` of them for every epoch one pass runs, as
-    int64 vectors of two: the input of one flat parallel map over all the epochs of a pass.
+class EpochCounter:
+    """The epoch the next pass of an ``epochs=None`` dataset reads (every new iterator, as
+    Keras makes one per epoch, is the next epoch). ``numpy()`` reads it, like the
+    ``tf.Variable`` counter of the other readers.
 
-    Same epochs as :func:`epochs_dataset` (``None``: one epoch per pass, from the counter
-    every new iterator advances; an int: ``epoch .. epochs - 1``), without a ``flat_map``:
-    the counter is read by a ``scan`` on the pass's first element, so a new iterator is
-    set up about twice as fast (10 vs 20 ms on the development machine).
+    Example:
+        >>> c = EpochCounter(3); c.take(), c.numpy()
+        (3, 4)
+    """
+
+    def __init__(self, epoch: int):
+        self._next = int(epoch)
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """The epoch of a new pass; the counter moves on."""
+        with self._lock:
+            self._next += 1
+            return self._next - 1
+
+    def peek(self) -> int:
+        """The epoch the next pass will read."""
+        return self._next
+
+    def numpy(self) -> int:
+        return self._next
+
+
+class WindowFeeder:
+    """Hands ``tf.data`` the windows of a pass in order, built ahead on ``workers`` threads.
+
+    A window is a pure function of ``(epoch, index)`` (``build(e, w)``), so it can be
+    built before it is asked for. The feeder is the function of a *sequential*
+    ``map`` over the element numbers of a pass: element ``i`` is window ``i % per_epoch``
+    of epoch ``epoch + i // per_epoch`` (``epochs=N``), or, with an :class:`EpochCounter`,
+    window ``i`` of the epoch the pass took when it asked for its first window. Each call
+    queues the next ``ahead`` windows of the sequence; after an epoch's last window that
+    is the first windows of the next epoch, so a new iterator (Keras makes one per epoch)
+    finds its first batches ready. Compared with a parallel ``tf.data`` map over
+    ``(epoch, index)`` pairs, a new iterator instantiates one function instead of three
+    (about 15 ms less per epoch here) and starts without waiting for a window.
+
+    Example:
+        >>> feed = WindowFeeder(lambda e, w: [np.full(2, 10 * e + w)], 3, epoch=0,
+        ...                     epochs=2, workers=2, ahead=2)
+        >>> [int(feed(i)[0][0]) for i in range(6)]
+        [0, 1, 2, 10, 11, 12]
 
     Args:
+        build: ``build(epoch, index)`` → the window's arrays (thread-safe).
+        per_epoch: windows per epoch.
         epoch: the first epoch.
-        epochs: ``None`` or the end of the range.
-        per_epoch: pairs per epoch (indices ``0 .. per_epoch - 1``).
-
-    Returns:
-        ``(dataset of pairs, the counter variable or None)``.
+        epochs: the end of the epoch range of one pass, or ``None``: one epoch per pass,
+            from ``counter``.
+        workers: threads building windows.
+        ahead: windows queued beyond the one asked for.
+        counter: the epoch counter (``epochs=None``; a new one from ``epoch`` if omitted).
     """
-    import tensorflow as tf
 
-    if epochs is None:
-        counter = tf.Variable(epoch, dtype=tf.int64, trainable=False, name="memfit_epoch")
+    def __init__(self, build: Callable[[int, int], list[np.ndarray]], per_epoch: int, *,
+                 epoch: int, epochs: int | None, workers: int, ahead: int,
+                 counter: EpochCounter | None = None):
+        from concurrent.futures import ThreadPoolExecutor
 
-        def pair(state: tf.Tensor, i: tf.Tensor) -> tuple:
-            e = tf.cond(state < 0, lambda: counter.assign_add(1) - 1, lambda: state)
-            return e, tf.stack([e, i])
+        self._build = build
+        self.per_epoch = max(1, per_epoch)
+        self.epoch = epoch
+        self.epochs = epochs
+        self.ahead = max(0, ahead)
+        self.counter = counter if counter is not None or epochs is not None \
+            else EpochCounter(epoch)
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="memfit-window")
+        self._pending: dict[tuple[int, int], Any] = {}
+        self._passes: list[list[int]] = []      # counter mode: [next element, epoch]
+        self._lock = threading.Lock()
 
-        return (tf.data.Dataset.range(per_epoch).scan(tf.constant(-1, tf.int64), pair),
-                counter)
-    return (tf.data.Dataset.range((epochs - epoch) * per_epoch)
-            .map(lambda i: tf.stack([epoch + i // per_epoch, i % per_epoch])), None)
+    def __call__(self, i: Any) -> list[np.ndarray]:
+        e, w = self._place(int(i))
+        with self._lock:
+            job = self._pending.pop((e, w), None)
+            if job is None:
+                job = self._pool.submit(self._build, e, w)
+            wanted = self._following(e, w)
+            for key in [k for k in self._pending if k not in wanted]:
+                self._pending.pop(key).cancel()          # another pass's: not needed now
+            for key in wanted:
+                if key not in self._pending:
+                    self._pending[key] = self._pool.submit(self._build, *key)
+        return job.result()
+
+    def _place(self, i: int) -> tuple[int, int]:
+        """Element ``i`` of a pass → ``(epoch, window)``."""
+        if self.epochs is not None:
+            return self.epoch + i // self.per_epoch, i % self.per_epoch
+        assert self.counter is not None
+        with self._lock:
+            if i == 0:                                  # a new pass: the next epoch
+                run = [0, self.counter.take()]
+                self._passes.append(run)
+                del self._passes[:-4]                   # passes given up long ago
+            else:                                       # the pass that asked for i - 1
+                run = next((r for r in self._passes if r[0] == i), self._passes[-1]) \
+                    if self._passes else [i, self.counter.peek()]
+            run[0] = i + 1
+            if run[0] >= self.per_epoch and run in self._passes:
+                self._passes.remove(run)
+            return run[1], i
+
+    def _following(self, e: int, w: int) -> list[tuple[int, int]]:
+        """The ``ahead`` windows after ``(e, w)``, into the next epoch."""
+        out = []
+        for _ in range(self.ahead):
+            w += 1
+            if w >= self.per_epoch:
+                if self.epochs is not None:
+                    e += 1
+                    if e >= self.epochs:
+                        break
+                else:
+                    assert self.counter is not None
+                    e = max(e + 1, self.counter.peek())
+                w = 0
+            out.append((e, w))
+        return out
 
 
 def finish(ds: tf.data.Dataset, plan: Any, counter: Any, *, sharded: bool,

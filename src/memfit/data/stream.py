@@ -207,8 +207,11 @@ def plan_dataset(manifest: Manifest, split: str, batch_size: int, budget: int, *
 
 
 def _outputs_alive(parallel: int, prefetch: int, batch_size: int, window: int) -> int:
-    """Window outputs alive at once: being built, being rebatched, held by prefetch."""
-    return parallel + 2 + (prefetch * batch_size) // window
+    """Window outputs alive at once: built ahead by the feeder (``parallel``), the one
+    being rebatched, and those whose batches the prefetch buffer and the consumer still
+    hold (two windows when the prefetched batches fit in one window; one more for every
+    window's worth of prefetched batches)."""
+    return parallel + 3 + (prefetch * batch_size) // window
 
 
 def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
@@ -429,7 +432,7 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             manifest, shards, names, seed=seed, shuffle=shuffle, cycle=plan.cycle_length,
             window=plan.window_samples, batch_size=batch_size,
             samples=plan.steps_per_epoch * batch_size if drop_remainder else samples,
-            on_corrupt=on_corrupt, outputs_alive=_outputs_alive(
+            on_corrupt=on_corrupt, builders=plan.parallel_windows, outputs_alive=_outputs_alive(
                 plan.parallel_windows, plan.prefetch_batches, batch_size, plan.window_samples))
         return blocks.build(block_reader, plan, features, drop_remainder=drop_remainder,
                             sharded=shard is not None)
