@@ -6,10 +6,11 @@ Two readers, one order model. Shards of fixed-shape features, uncompressed (what
 
     shard files, permuted by (seed, e), read `cycle_length` at a time round-robin
       → the record sequence, cut into windows of a whole number of batches
-      → (epoch, window) pairs .map(numpy_function: preadv each run of records straight
-        into reused per-feature buffers, check frame headers and CRC32C, permute the
-        window's samples by (seed, e, window), np.take them into aligned batches),
-        num_parallel_calls, deterministic=True)
+      → windows built ahead, in order, on `parallel_windows` threads (preadv each run of
+        records straight into reused per-feature buffers, check frame headers and CRC32C,
+        permute the window's samples by (seed, e, window), np.take them into aligned
+        batches), into the next epoch's first windows
+      → a sequential .map(numpy_function: hand over the next window)
       → rebatch to `batch_size` → prefetch
 
 Anything else (variable-shape features, GZIP/ZLIB shards, ``reader="tf"``) is read by
@@ -139,7 +140,7 @@ class DatasetPlan:
                     f"{format_size(self.memory_budget)} → {order}; memfit's block reader "
                     f"(records read straight into reused buffers, CRC32C checked, windows of "
                     f"{self.window_samples:,} samples gathered into batches), "
-                    f"{self.parallel_windows} windows built at once, prefetch "
+                    f"{self.parallel_windows} windows built ahead, prefetch "
                     f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
                     f"in flight. {self.samples:,} samples → {self.steps_per_epoch} steps/epoch of "
                     f"{self.batch_size}; seed={self.seed}, starting at epoch {self.epoch}."
