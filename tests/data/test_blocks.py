@@ -112,25 +112,28 @@ def test_epochs_mode_and_counter_mode_agree(packed):
 def test_a_pass_given_up_still_moves_the_counter_and_the_next_one_is_exact(packed):
     # The feeder builds the next windows ahead (into the next epoch); a pass left after
     # two batches must not leak its windows into the next pass, which is epoch 1 whole.
-    ds = memfit.dataset(packed, 50, split="train", seed=3)
+    ds = memfit.dataset(packed, 50, split="train", seed=3, memory_budget="48KiB")
+    assert ds.memfit_plan.window_samples <= 100        # 9 windows an epoch or more
     it = iter(ds)
     first = [next(it)["id"].numpy().tolist() for _ in range(2)]
     del it
     whole = [b["id"].numpy().tolist() for b in ds]
-    assert first == epoch_ids(packed, batch_size=50, seed=3, epoch=0)[:2]
-    assert whole == epoch_ids(packed, batch_size=50, seed=3, epoch=1)
+    exact = {"batch_size": 50, "seed": 3, "memory_budget": "48KiB"}
+    assert first == epoch_ids(packed, epoch=0, **exact)[:2]
+    assert whole == epoch_ids(packed, epoch=1, **exact)
     assert ds.memfit_epoch_counter.numpy() == 2
 
 
 def test_two_passes_read_at_once_each_get_a_whole_epoch(packed):
-    ds = memfit.dataset(packed, 50, split="train", seed=3)
+    ds = memfit.dataset(packed, 50, split="train", seed=3, memory_budget="48KiB")
     a, b = iter(ds), iter(ds)
     got_a, got_b = [], []
     for x, y in zip(a, b, strict=True):             # interleaved, batch by batch
         got_a.append(x["id"].numpy().tolist())
         got_b.append(y["id"].numpy().tolist())
-    assert {tuple(map(tuple, got_a)), tuple(map(tuple, got_b))} == {
-        tuple(map(tuple, epoch_ids(packed, batch_size=50, seed=3, epoch=e))) for e in (0, 1)}
+    exact = {"batch_size": 50, "seed": 3, "memory_budget": "48KiB"}
+    assert got_a == epoch_ids(packed, epoch=0, **exact)
+    assert got_b == epoch_ids(packed, epoch=1, **exact)
 
 
 def test_an_error_in_a_window_built_ahead_reaches_the_pass_that_reads_it(damaged):

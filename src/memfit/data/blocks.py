@@ -61,6 +61,7 @@ from memfit.data.pipeline import (
     aligned_empty,
     finish,
     order_rng,
+    pass_epochs,
     touch,
 )
 from memfit.data.records import crc32c_at, example_layout, frame_header, mask_crc
@@ -664,18 +665,19 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
           drop_remainder: bool, sharded: bool) -> tf.data.Dataset:
     """The ``tf.data`` pipeline over a :class:`BlockReader`::
 
-        element numbers of a pass → map(numpy_function(WindowFeeder(reader.window)))
+        (epoch, window) pairs (a scan over the epoch counter) or, with ``epochs=N``,
+        element numbers → map(numpy_function(WindowFeeder(reader.window)))
         → rebatch(batch_size) (dim-0 slices: no copy) → prefetch
 
     The feeder (:class:`memfit.data.pipeline.WindowFeeder`) builds ``parallel_windows``
     windows ahead on its own threads, into the next epoch, and hands them to a
-    sequential map in order: a new iterator instantiates one small function and finds its
-    first windows built. A pass of several epochs (``epochs=N``) runs on without a
-    pause between them. Windows hold whole batches, but for the last one of an epoch,
-    which may end with a smaller batch: with ``epochs=N`` the rebatch then cycles through
-    the epoch's batch sizes, so no batch spans two epochs. (Skipping damaged records,
-    ``on_corrupt="skip"``, leaves windows short: batches are then cut across windows,
-    and, with ``epochs=N``, across epochs.)
+    sequential map in order: a new iterator instantiates two small functions (one with
+    ``epochs=N``) and finds its first windows built. A pass of several epochs
+    (``epochs=N``) runs on without a pause between them. Windows hold whole batches,
+    but for the last one of an epoch, which may end with a smaller batch: with
+    ``epochs=N`` the rebatch then cycles through the epoch's batch sizes, so no batch
+    spans two epochs. (Skipping damaged records, ``on_corrupt="skip"``, leaves windows
+    short: batches are then cut across windows, and, with ``epochs=N``, across epochs.)
 
     Args:
         reader: the reader.
@@ -694,17 +696,21 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
     feeder = WindowFeeder(reader.window, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
                           workers=plan.parallel_windows, ahead=plan.parallel_windows)
 
-    def window(i: tf.Tensor) -> Any:
-        # stateful: the feeder counts passes, so tf.data must keep this map sequential.
-        got = tf.numpy_function(feeder, [i], types, stateful=True)
+    def window(element: tf.Tensor) -> Any:
+        # stateful: the feeder builds ahead in order, so tf.data must keep this map sequential.
+        got = tf.numpy_function(feeder, [element], types, stateful=True)
         for t, shape in zip(got, shapes, strict=True):
             t.set_shape([None, *shape])
         if features is None:
             return dict(zip(names, got, strict=True))
         return tuple(got) if len(got) > 1 else got[0]
 
-    passes = 1 if plan.epochs is None else plan.epochs - plan.epoch
-    ds = tf.data.Dataset.range(passes * reader.windows).map(window)
+    if plan.epochs is None:                          # one epoch per pass, from the counter
+        elements, counter = pass_epochs(plan.epoch, reader.windows)
+    else:                                            # epochs epoch .. epochs - 1 in one pass
+        elements = tf.data.Dataset.range((plan.epochs - plan.epoch) * reader.windows)
+        counter = None
+    ds = elements.map(window)
     tail = reader.samples % batch
     if plan.epochs is not None and tail and not drop_remainder and reader.on_corrupt == "raise":
         sizes = np.full(plan.steps_per_epoch, batch, np.int64)
@@ -713,5 +719,5 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
     else:
         ds = ds.rebatch(batch, drop_remainder=drop_remainder)
     # Skipping damaged records leaves fewer batches than planned: no cardinality then.
-    return finish(ds, plan, feeder.counter, sharded=sharded,
+    return finish(ds, plan, counter, sharded=sharded,
                   check_cardinality=reader.on_corrupt == "raise")
