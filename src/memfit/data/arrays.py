@@ -11,10 +11,10 @@
 The pipeline, for epoch ``e``::
 
     ids = a permutation of all sample indices (or of ``indices=``), by (seed, e)
-      → tf.data.Dataset.range(steps): batch s takes ids[s*B:(s+1)*B]
-      → map(tf.numpy_function(gather)): sort the batch's ids, np.take from the
-        memory-mapped arrays (reads in file order), un-sort to the permuted order
-        (num_parallel_calls and deterministic=True)
+      → batch s gathered from ids[s*B:(s+1)*B] ahead of time, in order, on
+        ``parallel_reads`` threads (pipeline.WindowFeeder): sort the batch's ids, np.take
+        from the memory-mapped arrays (reads in file order), un-sort to the permuted order
+      → a sequential map(tf.numpy_function(next batch)) over (epoch, step) pairs
       → prefetch
 
 The permutation comes from ``numpy.random.Generator(PCG64(SeedSequence([seed, e])))``:
@@ -41,6 +41,7 @@ import logging
 import math
 import mmap
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,12 +54,13 @@ from memfit.data.manifest import MANIFEST, Feature
 from memfit.data.pipeline import (
     BufferPool,
     RecyclingBuffers,
+    WindowFeeder,
     check_arguments,
     check_features,
     check_seed,
-    epochs_dataset,
     finish,
     order_rng,
+    pass_epochs,
     settle_plan,
 )
 from memfit.data.sources import _check_dtype
@@ -467,7 +469,7 @@ class ArraysPlan:
         mapped_bytes: bytes of the arrays mapped (page cache; file-backed RSS).
         index_bytes: anonymous bytes of the index arrays (permutations).
         cache_bytes: anonymous bytes of the arrays held in RAM with ``cache="ram"``.
-        parallel_reads: batches gathered at once; prefetch_batches: batches prepared ahead.
+        parallel_reads: batches gathered ahead, at once; prefetch_batches: batches prepared ahead.
     """
 
     path: str
@@ -504,7 +506,7 @@ class ArraysPlan:
                       f"RSS, not counted against the budget)")
         return (f"memfit.dataset {self.path} (.npy arrays): budget "
                 f"{format_size(self.memory_budget)} → {order}, batches gathered with sorted "
-                f"reads, {self.parallel_reads} at once, prefetch {self.prefetch_batches} "
+                f"reads, {self.parallel_reads} built ahead, prefetch {self.prefetch_batches} "
                 f"batches; about {format_size(self.estimated_bytes)} anonymous in flight "
                 f"(incl. {format_size(self.index_bytes)} of indices); {where}. "
                 f"{self.samples:,} samples → {self.steps_per_epoch} steps/epoch of "
@@ -518,13 +520,13 @@ def _plan(*, source: str, split: str | None, features: tuple[str, ...], batch_si
           index_itemsize: int, cache: str | None, shuffle: bool, drop_remainder: bool,
           seed: int, epoch: int, epochs: int | None) -> ArraysPlan:
     """Parallel gathers and prefetch depth from the budget; refuses one that cannot hold
-    one gather and one prefetched batch (or the cache)."""
+    one gather, one batch handed over, one prefetched and one consumed (or the cache)."""
     cores = os.cpu_count() or 1
     batch_bytes = sample_bytes * batch_size
     index_bytes = _INDEX_COPIES * index_itemsize * total
     cache_bytes = sample_bytes * total if cache else 0
     fixed = index_bytes + cache_bytes
-    need_min = fixed + (_GATHER_COPIES + 2) * batch_bytes
+    need_min = fixed + (_GATHER_COPIES + 3) * batch_bytes
     if budget < need_min:
         if cache:
             raise DatasetError(
@@ -538,14 +540,14 @@ def _plan(*, source: str, split: str | None, features: tuple[str, ...], batch_si
             f"memory_budget={format_size(budget)} is too small to gather batches of "
             f"{batch_size} samples of {format_size(sample_bytes)}: it needs at least "
             f"{format_size(need_min)} ({format_size(index_bytes)} of indices for {total:,} "
-            f"samples, {_GATHER_COPIES + 2} batches of {format_size(batch_bytes)}). Raise "
+            f"samples, {_GATHER_COPIES + 3} batches of {format_size(batch_bytes)}). Raise "
             f"memory_budget or lower batch_size. Received: memory_budget={budget}")
-    spare = budget - fixed - batch_bytes                      # one batch being consumed
+    spare = budget - fixed - 2 * batch_bytes          # one handed over, one being consumed
     parallel = int(max(1, min(_MAX_PARALLEL, max(2, cores),
                               (spare - batch_bytes) // (_GATHER_COPIES * batch_bytes))))
     prefetch = int(max(1, min(_MAX_PREFETCH,
                               (spare - parallel * _GATHER_COPIES * batch_bytes) // batch_bytes)))
-    estimated = fixed + (parallel * _GATHER_COPIES + prefetch + 1) * batch_bytes
+    estimated = fixed + (parallel * _GATHER_COPIES + prefetch + 2) * batch_bytes
     steps = samples // batch_size if drop_remainder else math.ceil(samples / batch_size)
     return ArraysPlan(path=source, split=split, features=features, batch_size=batch_size,
                       samples=samples, steps_per_epoch=steps, memory_budget=budget,
@@ -733,44 +735,61 @@ def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
            names: tuple[str, ...], base: np.ndarray | None, total: int, plan: ArraysPlan,
            id_dtype: np.dtype, features: tuple[str, ...] | None,
            shard: tuple[int, int] | None, drop_remainder: bool) -> tf.data.Dataset:
-    """The tf.data pipeline: epochs → id batches → parallel gathers → prefetch."""
+    """The tf.data pipeline: (epoch, step) pairs → a sequential map handing over batches
+    gathered ahead on ``parallel_reads`` threads (:class:`WindowFeeder`, into the next
+    epoch's first batches) → prefetch."""
     import tensorflow as tf
 
     seed, batch, steps = plan.seed, plan.batch_size, plan.steps_per_epoch
     per_epoch = steps * batch if drop_remainder else plan.samples
     cols = [np.asarray(columns[n]) for n in names]       # plain views of the mappings
     out_dtypes = [dtypes[n] for n in names]
+    # Batches alive: built ahead (parallel), handed over, prefetched, with the consumer.
     gather_np = _Gatherer(cols, out_dtypes,
-                          keep=plan.parallel_reads + plan.prefetch_batches + 1)
+                          keep=plan.parallel_reads + plan.prefetch_batches + 2)
+    ids_by_epoch: dict[int, np.ndarray] = {}
+    lock = threading.Lock()
 
-    def epoch_ids(e: np.ndarray) -> np.ndarray:
-        order = np.arange(total, dtype=id_dtype)
-        if plan.shuffle:
-            order_rng(seed, int(e)).shuffle(order)
-        if shard is not None:
-            order = order[shard[0]::shard[1]]
-        order = order[:per_epoch]
-        return np.ascontiguousarray(order if base is None else base[order])
+    def epoch_ids(e: int) -> np.ndarray:
+        """The ids epoch ``e`` reads, in order (two epochs kept: this one and the next,
+        whose first batches are built ahead)."""
+        with lock:
+            ids = ids_by_epoch.get(e)
+        if ids is None:
+            order = np.arange(total, dtype=id_dtype)
+            if plan.shuffle:
+                order_rng(seed, e).shuffle(order)
+            if shard is not None:
+                order = order[shard[0]::shard[1]]
+            order = order[:per_epoch]
+            ids = np.ascontiguousarray(order if base is None else base[order])
+            with lock:
+                ids_by_epoch[e] = ids
+                for old in sorted(ids_by_epoch)[:-2]:
+                    del ids_by_epoch[old]
+        return ids
 
-    def one_epoch(e: tf.Tensor) -> tf.data.Dataset:
-        ids = tf.numpy_function(epoch_ids, [e], tf.as_dtype(id_dtype), stateful=False)
-        ids = tf.ensure_shape(ids, [per_epoch])
-        return tf.data.Dataset.range(steps).map(
-            lambda s: ids[s * batch:tf.minimum((s + 1) * batch, per_epoch)])
+    def batch_of(e: int, s: int) -> list[np.ndarray]:
+        return gather_np(epoch_ids(e)[s * batch:min((s + 1) * batch, per_epoch)])
 
-    def gather(ids: tf.Tensor) -> Any:
-        got = tf.numpy_function(gather_np, [ids], [tf.as_dtype(d) for d in out_dtypes],
-                                stateful=False)
+    feeder = WindowFeeder(batch_of, steps, epoch=plan.epoch, epochs=plan.epochs,
+                          workers=plan.parallel_reads, ahead=plan.parallel_reads)
+
+    def gather(element: tf.Tensor) -> Any:
+        # stateful: the feeder builds ahead in order, so tf.data must keep this map sequential.
+        got = tf.numpy_function(feeder, [element], [tf.as_dtype(d) for d in out_dtypes],
+                                stateful=True)
         for t, c in zip(got, cols, strict=True):
             t.set_shape([batch if drop_remainder else None, *c.shape[1:]])
         if features is None:
             return dict(zip(names, got, strict=True))
         return tuple(got) if len(got) > 1 else got[0]
 
-    epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
-    ds = epoch_ds.flat_map(one_epoch)
-    ds = ds.map(gather, num_parallel_calls=plan.parallel_reads, deterministic=True)
-    return finish(ds, plan, counter, sharded=shard is not None)
+    if plan.epochs is None:                          # one epoch per pass, from the counter
+        elements, counter = pass_epochs(plan.epoch, steps)
+    else:                                            # epochs epoch .. epochs - 1 in one pass
+        elements, counter = tf.data.Dataset.range((plan.epochs - plan.epoch) * steps), None
+    return finish(elements.map(gather), plan, counter, sharded=shard is not None)
 
 
 # -- packing ----------------------------------------------------------------------------------
