@@ -10,8 +10,8 @@ reader of :mod:`memfit.data.arrays`.
 - :func:`epochs_dataset` and :func:`finish`: the epoch counter (``epochs=None``: each new
   pass is the next epoch) or range (``epochs=N``), and the common tail (known
   cardinality, prefetch, no auto-sharding when sharded by hand, the plan attached).
-- :class:`WindowFeeder` and :func:`pass_epochs`: the block reader's windows, built ahead
-  on threads and handed to a sequential ``map`` in order.
+- :class:`WindowFeeder` and :func:`pass_epochs`: the block reader's windows and the arrays
+  path's batches, built ahead on threads and handed to a sequential ``map`` in order.
 
 Example:
     >>> rng = order_rng(0, 3)                   # epoch 3 of seed 0
