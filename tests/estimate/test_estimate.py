@@ -40,7 +40,9 @@ def test_weights_gradients_and_adam_slots_match_hand_computation(tiny_adam):
     assert e.gradients >= WEIGHTS
     assert e.total == e.model_bytes + e.baseline
     assert e.model_bytes == (e.weights + e.optimizer_slots + e.gradients + e.activations
-                             + e.allocator + e.input_batch + e.pipeline + e.runtime)
+                             + e.allocator + e.input_batch + e.pipeline + e.runtime
+                             + e.margin)
+    assert e.allocator_policy == "default"                  # a plain process by default
 
 
 def test_activations_grow_linearly_with_the_batch(tiny_adam):

@@ -45,6 +45,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape of one sample without the batch dimension, for models that "
                         "do not know it: 224,224,3 (several inputs: '32,32,3;10')")
     p.add_argument("--device", default="cpu", help="cpu or gpu:N (default: cpu)")
+    p.add_argument("--allocator", choices=("default", "fixed"), default="default",
+                   help="allocator policy of the training process: default (glibc as it "
+                        "comes) or fixed (MALLOC_MMAP_THRESHOLD_=131072: less memory, "
+                        "predicted more tightly, slower steps); measuring children run "
+                        "under it too (default: default)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="input pipeline buffers to count (a memfit.dataset memory_budget)")
     p.add_argument("--measure", action="store_true",
                    help="also run real training steps in a child process and compare")
-    p.add_argument("--steps", type=int, default=3, help="training steps for --measure")
+    p.add_argument("--steps", type=int, default=4,
+                   help="training steps for --measure (default: 4)")
     p.add_argument("--json", action="store_true", help="print JSON for tools")
 
 
@@ -67,14 +73,16 @@ def run(args: argparse.Namespace) -> int:
 
     e = estimate(args.model, args.batch_size, optimizer=args.optimizer,
                  dtype_policy=args.dtype_policy, input_shape=args.input_shape,
-                 dataset_budget=args.dataset_budget, budget=args.budget, device=args.device)
+                 dataset_budget=args.dataset_budget, budget=args.budget, device=args.device,
+                 allocator=args.allocator)
     measured = None
     if args.measure:
         print(f"measuring {args.steps} training steps of batch {args.batch_size} in a "
               f"child process...", file=sys.stderr)
         r = measure_training(args.model, args.batch_size, dtype_policy=args.dtype_policy,
                              optimizer=args.optimizer, input_shape=args.input_shape,
-                             steps=args.steps, device=args.device)
+                             steps=args.steps, device=args.device,
+                             allocator=args.allocator)
         measured = {"status": r.status, "measured": r.measured, "peak": r.peak,
                     "baseline": r.baseline, "message": r.message}
         if r.status == "ok" and r.measured:

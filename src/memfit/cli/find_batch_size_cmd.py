@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                         optimizer=args.optimizer, input_shape=args.input_shape,
                         steps=args.steps, device=args.device, precision=args.precision,
                         max_trials=args.max_trials, start=args.start,
+                        allocator=args.allocator,
                         on_trial=None if args.json else progress)
     print(json.dumps(r.to_json(), indent=1) if args.json else r)
     return 0 if r.batch_size else 1

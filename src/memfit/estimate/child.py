@@ -10,12 +10,14 @@ JSON object per line behind the marker ``MEMFIT-CHILD``:
 ``{"event": "result", ...}``
     after the training steps: ``peak_anon`` (the peak anonymous RSS from model load to
     the end of the last step), ``measured`` (``peak_anon - baseline_anon``), the
-    anonymous RSS after compile and after the first step, step times.
+    anonymous RSS after compile and after the first step, step times, ``step_peaks``
+    (the peak so far after each step, over the baseline: how fast it settles) and
+    ``allocator`` (the allocator policy it ran under, see :mod:`memfit.memory.allocator`).
 ``{"event": "error", ...}``
     a clear error (bad model...) or an out-of-memory error from TensorFlow.
 
 Requests: ``{"mode": "train", "model": {...}, "batch_size": 32, "dtype_policy": null,
-"optimizer": "adam", "steps": 3}``, ``{"mode": "calibrate"}``, or ``{"mode": "estimate",
+"optimizer": "adam", "steps": 4}``, ``{"mode": "calibrate"}``, or ``{"mode": "estimate",
 ...}`` (the estimate, made in the child: ``find-batch-size`` never builds a model itself).
 """
 
@@ -63,6 +65,14 @@ def _gpu_peak() -> int | None:
     return max(v["peak"] for v in info.values())
 
 
+def _running_peak(s: Any) -> int:
+    """The peak anonymous RSS so far: the kernel's high-water mark of total RSS (reset
+    when the measurement began) less the file-backed pages, else the current value."""
+    if s.rss_peak is not None and s.rss_file is not None and s.rss_anon is not None:
+        return max(s.rss_anon, s.rss_peak - s.rss_file - (s.rss_shmem or 0))
+    return s.anon_or_total
+
+
 def train(request: dict) -> None:
     """Measures the peak memory of a few training steps (see the module docstring)."""
     device = request.get("device", "cpu")
@@ -70,6 +80,7 @@ def train(request: dict) -> None:
     emit("baseline", **base)
     from memfit.estimate.model import EstimateError, ModelSpec
     from memfit.estimate.training import make_batch, prepare
+    from memfit.memory.allocator import current_policy
     from memfit.memory.probe import measure, nvml_memory, sample
 
     spec = ModelSpec.from_json(request["model"])
@@ -86,12 +97,15 @@ def train(request: dict) -> None:
             compiled = sample().anon_or_total
             x, y = make_batch(setup, batch_size)
             first = None
+            step_peaks = []
             for _ in range(steps):
                 t = time.perf_counter()
                 setup.model.train_on_batch(x, y)
                 times.append(time.perf_counter() - t)
+                s = sample()
                 if first is None:
-                    first = sample().anon_or_total
+                    first = s.anon_or_total
+                step_peaks.append(_running_peak(s) - base["baseline_anon"])
     except EstimateError as e:
         emit("error", kind="input", message=str(e))
         sys.exit(2)
@@ -108,7 +122,8 @@ def train(request: dict) -> None:
     result = {"peak_anon": peak_anon, "measured": peak_anon - base["baseline_anon"],
               "baseline_anon": base["baseline_anon"], "compiled_anon": compiled,
               "first_step_anon": first, "after_anon": after.anon_or_total,
-              "step_seconds": times, "policy": setup.policy, "batch_size": batch_size,
+              "step_seconds": times, "step_peaks": step_peaks, "policy": setup.policy,
+              "allocator": current_policy(), "batch_size": batch_size,
               "samples": m.samples}
     if device.startswith("gpu"):
         result["gpu_peak"] = _gpu_peak()
@@ -125,7 +140,8 @@ def estimate(request: dict) -> None:
     try:
         est = Estimator(spec, optimizer=request.get("optimizer"),
                         dtype_policy=request.get("dtype_policy"),
-                        input_shape=spec.input_shape, device=request.get("device", "cpu"))
+                        input_shape=spec.input_shape, device=request.get("device", "cpu"),
+                        allocator=request.get("allocator", "default"))
         e = est.at(int(request.get("batch_size") or 1), budget=request.get("budget"))
     except EstimateError as err:
         emit("error", kind="input", message=str(err))

@@ -12,14 +12,20 @@ The estimate is the sum of parts a user can act on:
   (backward-pass tensors: weight gradients and their temporaries);
 * **input batch**: one batch of inputs and targets; **pipeline**: a ``tf.data`` budget
   when given (``dataset_budget``: the budget of a ``memfit.dataset``);
-* **allocator retention**: glibc serves buffers up to its (dynamic, at most 32 MiB) mmap
-  threshold from per-thread heap arenas and keeps them when they are freed, so the
-  resident memory of those buffers is about ``HEAP_FACTOR`` × their peak, while larger
-  buffers are mapped and returned; fitted on the panel of
-  ``benchmarks/estimate_accuracy.py``;
+* **allocator retention**: glibc serves buffers below its mmap threshold from per-thread
+  heap arenas and keeps them when they are freed, so the resident memory of those
+  buffers is about ``heap`` × their peak, while larger buffers are mapped and returned
+  (``mmap`` × their peak). The estimate predicts a process under one **allocator
+  policy** (:mod:`memfit.memory.allocator`): ``"default"`` (glibc as it comes, what a
+  training process runs under: the threshold rises at run time, up to 32 MiB) or
+  ``"fixed"`` (threshold fixed at 128 KiB: less memory, kept far more predictably, for
+  a process that applies it). Fitted per policy on the
+  panel of ``benchmarks/estimate_accuracy.py`` (:data:`FITTED`);
 * **runtime**: what TensorFlow and Keras allocate for a model beyond its tensors — the
   traced graph, the instantiated function and its kernels — per op of the step, fitted
   on the same panel;
+* **safety margin**: a fitted share of the rest, so that at most 5 % of the panel's
+  cases are under-estimated;
 * **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
 
 ``model_bytes`` (everything but the baseline) predicts what
@@ -47,18 +53,68 @@ from memfit.estimate.layers import LayerRow, layer_rows, param_bytes
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, prepare
+from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
+from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.sizes import format_size, parse_size
 
-__all__ = ["Estimate", "Estimator", "estimate", "RUNTIME_FIXED", "RUNTIME_PER_OP",
-           "HEAP_FACTOR", "MMAP_FACTOR"]
+__all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
+           "predict_from_features", "resident_tensors"]
 
-# Fitted on the panel of benchmarks/estimate_accuracy.py (see docs/estimate.md).
-# Least squares on relative error over the 60 measured cases; see docs/estimate.md.
-RUNTIME_FIXED = int(19.5 * 2**20)   # executor, thread pools, Keras trainer state
-RUNTIME_PER_OP = int(25.6 * 2**10)  # per op of the traced step: graph, function, kernels
-HEAP_FACTOR = 1.46                  # glibc heap arenas: RSS per byte of heap-served peak
-MMAP_FACTOR = 0.55                  # mapped buffers (see docs: absorbs the play's excess)
+#: The fitted terms of ``model_bytes`` beyond the exact parts (weights, optimizer slots,
+#: input batch, pipeline), per allocator policy: ``heap`` × the peak of heap-served step
+#: buffers and ``mmap`` × the peak of mapped ones (``tensors`` × their sum where the
+#: policy maps nearly every step buffer), ``one`` bytes (executor, thread pools, Keras
+#: trainer state) and ``ops`` bytes per op of the traced step (graph, function, kernels).
+FIT_TERMS: dict[str, tuple[str, ...]] = {"fixed": ("tensors", "one", "ops"),
+                                         "default": ("heap", "mmap", "one", "ops")}
+#: Per allocator policy: the coefficients of its :data:`FIT_TERMS` and ``margin`` (a
+#: share added to the whole, so that at most 5 % of the panel is under-estimated). Least
+#: squares on relative error over the 60 cases of ``benchmarks/estimate_accuracy.py``
+#: (``--fit``); see docs/estimate.md.
+FITTED: dict[str, dict[str, float]] = {
+    # memfit's policy: 60 cases measured with 4 steps (0.3 % run to run).
+    "fixed": {"tensors": 0.923282, "one": 9_088_399, "ops": 31_392, "margin": 0.1476},
+    # glibc as it comes: 60 cases measured with 3 steps (noisy: 5 % run to run).
+    "default": {"heap": 1.556819, "mmap": 0.639036, "one": 15_622_721, "ops": 26_170,
+                "margin": 0.3222},
+}
 MAX_BATCH = 1 << 24
+
+
+def resident_tensors(features: dict[str, float], constants: dict[str, float]) -> float:
+    """The resident memory of the step's tensors under one policy's constants.
+
+    Example:
+        >>> resident_tensors({"heap": 10, "mmap": 30}, {"tensors": 0.5})
+        20.0
+
+    Args:
+        features: ``heap`` and ``mmap``: the peaks of heap-served and mapped buffers.
+        constants: ``tensors`` (one scale for both), else ``heap`` and ``mmap``.
+    """
+    if "tensors" in constants:
+        return constants["tensors"] * (features["heap"] + features["mmap"])
+    return constants["heap"] * features["heap"] + constants["mmap"] * features["mmap"]
+
+
+def predict_from_features(features: dict[str, float], constants: dict[str, float]) -> int:
+    """``model_bytes`` from :meth:`Estimator.features` and one policy's :data:`FITTED`.
+
+    Example:
+        >>> f = {"exact": 100, "peak": 50, "heap": 10, "mmap": 40, "one": 1, "ops": 2}
+        >>> predict_from_features(f, {"heap": 2, "mmap": 1, "one": 5, "ops": 1,
+        ...                           "margin": 0.0})
+        167
+
+    Args:
+        features: ``exact`` (weights, slots, input batch, pipeline), ``peak`` (live step
+            tensors at the peak), ``heap``, ``mmap``, ``one`` (1) and ``ops``.
+        constants: the coefficients of the policy's :data:`FIT_TERMS` and ``margin``.
+    """
+    resident = resident_tensors(features, constants)
+    base = (features["exact"] + max(features["peak"], resident)
+            + constants["one"] * features["one"] + constants["ops"] * features["ops"])
+    return int(base * (1 + constants["margin"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +138,10 @@ class Estimate:
             the heap arenas of the threads that allocated them (fitted, see the module
             docstring).
         runtime: the traced graph, function and kernels, per op (fitted).
+        margin: the fitted safety margin (a share of the rest, see :data:`FITTED`).
+        allocator_policy: the allocator policy predicted: ``"default"`` (glibc as it
+            comes) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB; see
+            :mod:`memfit.memory.allocator`).
         baseline: the framework baseline; ``baseline_source`` says where it came from.
         peak_op: the op of the training step at which the peak is reached.
         params_trainable / params_non_trainable: parameter counts.
@@ -105,6 +165,8 @@ class Estimate:
     input_batch: int
     pipeline: int
     runtime: int
+    margin: int
+    allocator_policy: str
     baseline: int
     baseline_source: str
     peak_op: str
@@ -123,7 +185,7 @@ class Estimate:
     def model_bytes(self) -> int:
         """Everything but the framework baseline: what ``--measure`` measures."""
         return (self.weights + self.optimizer_slots + self.step_peak + self.allocator
-                + self.input_batch + self.pipeline + self.runtime)
+                + self.input_batch + self.pipeline + self.runtime + self.margin)
 
     @property
     def total(self) -> int:
@@ -143,6 +205,7 @@ class Estimate:
                 ("allocator retention (glibc arenas)", self.allocator),
                 ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                 ("runtime (graph, kernels)", self.runtime),
+                ("safety margin", self.margin),
                 (f"framework baseline ({self.baseline_source})", self.baseline)]
 
     def to_json(self) -> dict:
@@ -162,7 +225,8 @@ class Estimate:
                          format_size(r.kept_bytes)))
         widths = [max(len(row[i]) for row in rows) for i in range(6)]
         lines = [f"memfit estimate: {self.model_name}, batch {self.batch_size}, "
-                 f"{self.dtype_policy}, {self.optimizer}, {self.device}", ""]
+                 f"{self.dtype_policy}, {self.optimizer}, {self.device}",
+                 f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}", ""]
         for i, row in enumerate(rows):
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
             cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
@@ -204,11 +268,21 @@ class Estimator:
         dataset_budget: bytes (or ``"256MiB"``) of input pipeline buffers to count, e.g.
             the ``memory_budget`` of a ``memfit.dataset``.
         device: ``"cpu"`` or ``"gpu:N"``: whose baseline to add.
+        allocator: the allocator policy of the training process to predict:
+            ``"default"`` (a plain process: glibc's dynamic threshold, which keeps more,
+            and less predictably) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB:
+            a process started with ``MALLOC_MMAP_THRESHOLD_=131072`` or that called
+            ``memfit.memory.allocator.fix_mmap_threshold()`` first).
     """
 
     def __init__(self, model: Any, *, optimizer: Any = None, dtype_policy: str | None = None,
                  input_shape: Any = None, dataset_budget: int | str | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", allocator: str = "default"):
+        try:
+            self.allocator = check_allocator(allocator)
+        except ValueError as e:
+            raise EstimateError(str(e)) from None
+        self.constants = FITTED[self.allocator]
         check_policy(dtype_policy)
         if isinstance(optimizer, str):
             check_optimizer(optimizer)
@@ -218,7 +292,7 @@ class Estimator:
         self.setup: Setup = prepare(model, dtype_policy=dtype_policy, optimizer=optimizer,
                                     input_shape=input_shape)
         try:
-            self.step: StepGraph = trace(self.setup)
+            self.step: StepGraph = trace(self.setup, cpu=self.device == "cpu")
         except EstimateError:
             raise
         except Exception as e:     # noqa: BLE001
@@ -236,22 +310,47 @@ class Estimator:
         self.layers = tuple(layer_rows(m, self.step))
         self.baseline, self.baseline_source = framework_baseline(self.device)
 
+    def _peak(self, batch_size: int) -> Any:
+        threshold = FIXED_MMAP_THRESHOLD if self.allocator == "fixed" else None
+        return self.step.peak(batch_size, mmap_threshold=threshold)
+
+    def features(self, batch_size: int) -> dict[str, float]:
+        """The raw terms of the estimate at ``batch_size`` (bytes), before the fitted
+        constants: see :func:`predict_from_features` and :data:`FIT_TERMS`.
+
+        Example:
+            >>> f = Estimator("mymodels:make_cnn").features(64)            # doctest: +SKIP
+            >>> predict_from_features(f, FITTED["fixed"])                   # doctest: +SKIP
+
+        Args:
+            batch_size: samples per step.
+        """
+        peak = self._peak(batch_size)
+        return {"exact": self.weights + self.slots + self.per_sample_input * batch_size
+                + self.pipeline, "peak": peak.bytes, "heap": peak.heap_bytes,
+                "mmap": peak.mmap_bytes, "one": 1, "ops": self.step.graph_ops}
+
     def _parts(self, batch_size: int) -> dict:
-        peak = self.step.peak(batch_size)
-        resident = HEAP_FACTOR * peak.heap_bytes + MMAP_FACTOR * peak.mmap_bytes
-        return {"gradients": peak.backward_bytes,
-                "activations": peak.bytes - peak.backward_bytes,
-                "allocator": max(0, int(resident) - peak.bytes),
-                "peak_op": peak.op,
-                "input_batch": self.per_sample_input * batch_size,
-                "runtime": RUNTIME_FIXED + RUNTIME_PER_OP * self.step.graph_ops}
+        peak = self._peak(batch_size)
+        c = self.constants
+        resident = resident_tensors({"heap": peak.heap_bytes, "mmap": peak.mmap_bytes}, c)
+        parts = {"gradients": peak.backward_bytes,
+                 "activations": peak.bytes - peak.backward_bytes,
+                 "allocator": max(0, int(resident) - peak.bytes),
+                 "peak_op": peak.op,
+                 "input_batch": self.per_sample_input * batch_size,
+                 "runtime": int(c["one"] + c["ops"] * self.step.graph_ops)}
+        rest = (self.weights + self.slots + peak.bytes + parts["allocator"]
+                + parts["input_batch"] + self.pipeline + parts["runtime"])
+        parts["margin"] = int(rest * c["margin"])
+        return parts
 
     def total(self, batch_size: int) -> int:
         """``Estimate.total`` at ``batch_size``, without building the table."""
         p = self._parts(batch_size)
         return (self.weights + self.slots + p["gradients"] + p["activations"]
                 + p["allocator"] + p["input_batch"] + self.pipeline + p["runtime"]
-                + self.baseline)
+                + p["margin"] + self.baseline)
 
     def max_batch_size(self, budget: int | str) -> int:
         """The largest batch size whose total fits ``budget`` (0 when not even 1 fits)."""
@@ -284,7 +383,8 @@ class Estimator:
                      layers=self.layers, weights=self.weights, optimizer_slots=self.slots,
                      gradients=p["gradients"], activations=p["activations"],
                      allocator=p["allocator"], input_batch=p["input_batch"], pipeline=self.pipeline,
-                     runtime=p["runtime"], baseline=self.baseline,
+                     runtime=p["runtime"], margin=p["margin"],
+                     allocator_policy=self.allocator, baseline=self.baseline,
                      baseline_source=self.baseline_source, peak_op=p["peak_op"],
                      params_trainable=trainable, params_non_trainable=frozen)
         if budget_bytes is None:
@@ -327,6 +427,16 @@ class Estimator:
         return out
 
 
+_POLICY_TEXT = {
+    "fixed": "fixed (glibc mmap threshold 128 KiB: start the training with "
+             "MALLOC_MMAP_THRESHOLD_=131072 or call "
+             "memfit.memory.allocator.fix_mmap_threshold() first)",
+    "default": "default (glibc's dynamic mmap threshold: a plain Python process; "
+               "--allocator fixed predicts less, and more tightly, for a process that "
+               "fixes it)",
+}
+
+
 def _numel(shape: Any) -> int:
     return math.prod(int(d) for d in shape)
 
@@ -334,7 +444,7 @@ def _numel(shape: Any) -> int:
 def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
              dtype_policy: str | None = None, input_shape: Any = None,
              dataset_budget: int | str | None = None, budget: int | str | None = None,
-             device: str = "cpu") -> Estimate:
+             device: str = "cpu", allocator: str = "default") -> Estimate:
     """Estimates the memory that training ``model`` at ``batch_size`` needs.
 
     Nothing is trained: the model is built (weights, optimizer state) and one training
@@ -368,6 +478,9 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
         budget: memory available; the estimate then says whether it fits, the largest
             batch size that does, and what to change.
         device: ``"cpu"`` or ``"gpu:N"``: which calibrated baseline to add.
+        allocator: the allocator policy of the process predicted: ``"default"`` (glibc
+            as it comes) or ``"fixed"`` (mmap threshold fixed at 128 KiB, see
+            :mod:`memfit.memory.allocator`).
 
     Returns:
         An :class:`Estimate`; ``print`` it for the table, ``.to_json()`` for tools.
@@ -379,4 +492,4 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
     check_batch_size(batch_size)
     return Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
                      input_shape=input_shape, dataset_budget=dataset_budget,
-                     device=device).at(batch_size, budget=budget)
+                     device=device, allocator=allocator).at(batch_size, budget=budget)

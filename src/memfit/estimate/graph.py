@@ -39,6 +39,14 @@ PROBE_BATCH = 997          # a prime that no layer dimension is likely to be a m
 # the heap arenas (and stay there when freed), larger ones are mapped and unmapped.
 MMAP_THRESHOLD_MAX = 32 * 2**20
 REORDER_COPIES = True
+# TensorFlow lets an element-wise op write over its input only when nobody else holds a
+# reference to that buffer at the moment it runs. When several ops read a tensor, which
+# of them runs last depends on the executor's threads: do not count on forwarding then.
+FORWARD_SHARED = False
+# A CPU without float16 arithmetic (most x86) computes float16 MatMuls and convolutions
+# on float32 copies of their operands: see _widening.
+WIDEN_FLOAT16 = True
+_MATMULS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"}
 
 # Ops whose output is a view of input 0: no new memory.
 _VIEWS = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
@@ -55,12 +63,24 @@ _FORWARDING = {"Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "S
                "MulNoNan", "Erf", "Softmax", "ClipByValue", "SelectV2", "Select",
                "OnesLike", "ZerosLike", "Sign", "Floor", "Ceil", "Round", "Log1p", "Expm1",
                "Sin", "Cos", "Inv", "InvGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad"}
-# Convolutions on the CPU (oneDNN) reorder their batch-sized operands into blocked
-# layouts for the duration of the op: a transient copy of each.
+# Convolutions on the CPU (oneDNN) reorder a batch-sized operand into a blocked layout
+# for the duration of the op: a transient copy of it. Measured with a fixed mmap
+# threshold: Conv2D and Conv2DBackpropFilter copy their input, Conv2DBackpropInput the
+# incoming gradient, with channels padded to a multiple of 16.
 _REORDERING = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
                "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
                "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
                "_FusedConv2D"}
+# Ops without side effects: Grappler prunes them when nobody reads their results.
+PRUNE_DEAD = True
+_PURE = (_FORWARDING | _REORDERING | _MATMULS | (_VIEWS - {"Placeholder", "_Retval"})
+         | {"Tile", "BroadcastTo", "Transpose", "Pad", "Sum", "Mean", "Prod", "Max", "Min",
+            "ConcatV2", "Slice", "StridedSlice", "GatherV2", "ResourceGather", "Fill",
+            "Shape", "ShapeN", "Size", "Rank", "Const", "Pack", "Unpack", "Split", "SplitV",
+            "BiasAddGrad", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
+            "FusedBatchNormV3", "FusedBatchNormGradV3", "Conv2DBackpropInput",
+            "DepthwiseConv2dNativeBackpropInput", "UnsortedSegmentSum", "Range",
+            "BroadcastGradientArgs", "Reshape", "Cast", "Tanh", "Sigmoid"})
 _FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond", "branches")
 _LIST_WRITES = {"TensorListPushBack", "TensorListSetItem"}
 _NO_MEMORY_DTYPES = {"resource", "variant", "string"}
@@ -76,6 +96,7 @@ class _Op:
     outputs: list[tuple[str, int, int]]   # (tensor name, fixed bytes, per-sample bytes)
     inner: tuple[int, int] = (0, 0)       # transient peak inside called functions
     extra: tuple[int, int] = (0, 0)       # accumulators a While keeps for the backward pass
+    extra_items: int = 1                  # how many tensors make up ``extra``
 
 
 @dataclasses.dataclass
@@ -116,7 +137,7 @@ class StepGraph:
         self.scopes = scopes or {}         # name scope -> the layer that was called in it
         self._events: list | None = None
         self._index = {op.name: op.index for op in ops}
-        self._accumulators: set[int] = set()
+        self._accumulators: dict[int, int] = {}     # buffer -> tensors it stands for
 
     def layer_of(self, op_name: str, layer_names: set[str]) -> str | None:
         """The innermost layer among ``layer_names`` whose call made ``op_name`` (forward
@@ -137,27 +158,29 @@ class StepGraph:
         """Plays the graph once; returns [(op, allocated buffers, freed buffers, inner)]."""
         if self._events is not None:
             return self._events
-        by_name = {op.name: op for op in self.ops}
+        ops = _prune(self.ops, self.fetches) if PRUNE_DEAD else self.ops
+        by_name = {op.name: op for op in ops}
         producer: dict[str, _Op] = {}
-        for op in self.ops:
+        for op in ops:
             for t, _, _ in op.outputs:
                 producer[t] = op
         consumers: dict[str, list[_Op]] = collections.defaultdict(list)
         waiting: dict[str, int] = {}
-        for op in self.ops:
+        for op in ops:
             deps = {producer[t].name for t in op.inputs if t in producer}
             deps |= {c for c in op.controls if c in by_name}
             waiting[op.name] = len(deps)
             for d in deps:
                 consumers[d].append(op)
         reads: collections.Counter = collections.Counter()     # reads still to come
-        for op in self.ops:
+        for op in ops:
             for t in set(op.inputs):
                 reads[t] += 1
+        readers = collections.Counter(reads)                   # ops reading each tensor
         holds: dict[str, list[int]] = {}       # live tensor -> the buffers it keeps alive
         users: collections.Counter = collections.Counter()     # live tensors per buffer
         size: dict[int, tuple[int, int, str]] = {}
-        queue = collections.deque(op for op in self.ops if waiting[op.name] == 0)
+        queue = collections.deque(op for op in ops if waiting[op.name] == 0)
         done: set[str] = set()
         events = []
 
@@ -201,6 +224,7 @@ class StepGraph:
                     for t_in in op.inputs:
                         buffers = holds.get(t_in)
                         if (buffers and len(buffers) == 1 and reads[t_in] == 0
+                                and (FORWARD_SHARED or readers[t_in] == 1)
                                 and users[buffers[0]] == 1 and t_in not in self.fetches
                                 and size[buffers[0]][:2] == (fixed, per)):
                             taken = holds.pop(t_in)      # written over in place
@@ -209,7 +233,7 @@ class StepGraph:
                 hold(t, taken or [new_buffer(fixed, per, op.name, allocated)])
             if op.extra != (0, 0):
                 b = new_buffer(*op.extra, op.name, allocated)
-                self._accumulators.add(b)      # many per-step tensors, not one block
+                self._accumulators[b] = max(1, op.extra_items)  # many tensors, not one
                 holders = [t for t, _, _ in op.outputs if reads[t] > 0]
                 for t in holders:                  # kept while its lists are read
                     holds.setdefault(t, []).append(b)
@@ -232,14 +256,24 @@ class StepGraph:
 
     # -- evaluation at a batch size -------------------------------------------------------
 
-    def peak(self, batch_size: int) -> Peak:
+    def peak(self, batch_size: int, mmap_threshold: int | None = None) -> Peak:
         """The simulated peak of live tensor bytes at ``batch_size``, and the peaks of
-        the buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`)."""
+        the buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
+
+        Args:
+            batch_size: samples per step.
+            mmap_threshold: glibc's mmap threshold in bytes when it is fixed (buffers of
+                at least this size are mapped); ``None``: glibc's dynamic threshold,
+                which ends at the largest buffer of the step (at most 32 MiB).
+        """
         events = self._schedule()
-        largest = max((fixed + per * batch_size for _, allocated, _, _ in events
-                       for b, (fixed, per, _) in allocated if b not in self._accumulators),
-                      default=0)
-        threshold = min(MMAP_THRESHOLD_MAX, largest)
+        if mmap_threshold is None:
+            largest = max((fixed + per * batch_size for _, allocated, _, _ in events
+                           for b, (fixed, per, _) in allocated
+                           if b not in self._accumulators), default=0)
+            threshold = min(MMAP_THRESHOLD_MAX, largest)
+        else:
+            threshold = mmap_threshold - 1
         live: dict[int, tuple[int, int, str]] = {}
         total = heap = mapped = 0
         best, best_at, best_live = -1, "", {}
@@ -249,20 +283,26 @@ class StepGraph:
                 live[b] = (fixed, per, name)
                 size = fixed + per * batch_size
                 total += size
-                if size <= threshold or b in self._accumulators:
+                if size // self._accumulators.get(b, 1) <= threshold or (
+                        mmap_threshold is None and b in self._accumulators):
                     heap += size
                 else:
                     mapped += size
             transient = inner[0] + inner[1] * batch_size
-            heap_peak = max(heap_peak, heap + transient)
-            mapped_peak = max(mapped_peak, mapped)
+            if mmap_threshold is None or transient <= threshold:
+                heap_peak = max(heap_peak, heap + transient)
+                mapped_peak = max(mapped_peak, mapped)
+            else:       # a fixed threshold maps the transient buffers (most are large)
+                heap_peak = max(heap_peak, heap)
+                mapped_peak = max(mapped_peak, mapped + transient)
             if total + transient > best:
                 best, best_at, best_live = total + transient, op.name, dict(live)
             for b in freed:
                 fixed, per, _ = live.pop(b)
                 size = fixed + per * batch_size
                 total -= size
-                if size <= threshold or b in self._accumulators:
+                if size // self._accumulators.get(b, 1) <= threshold or (
+                        mmap_threshold is None and b in self._accumulators):
                     heap -= size
                 else:
                     mapped -= size
@@ -302,6 +342,33 @@ class StepGraph:
         for t, per in kept.items():
             out[t.rsplit(":", 1)[0]] += per
         return dict(out)
+
+
+def _prune(ops: list[_Op], fetches: set[str]) -> list[_Op]:
+    """The ops that run: Grappler removes pure ops whose results nobody reads (e.g. the
+    gradient with respect to the model's input), and then their producers, in turn."""
+    reads = collections.Counter(t for op in ops for t in set(op.inputs))
+    controlling = {c for op in ops for c in op.controls}
+    producer = {t: op for op in ops for t, _, _ in op.outputs}
+    dead: set[str] = set()
+
+    def unused(op: _Op) -> bool:
+        return (op.name not in dead and op.type in _PURE and bool(op.outputs)
+                and op.name not in controlling
+                and all(reads[t] == 0 and t not in fetches for t, _, _ in op.outputs))
+
+    todo = [op for op in ops if unused(op)]
+    while todo:
+        op = todo.pop()
+        if not unused(op):
+            continue
+        dead.add(op.name)
+        for t in set(op.inputs):
+            reads[t] -= 1
+            src = producer.get(t)
+            if src is not None and unused(src):
+                todo.append(src)
+    return [op for op in ops if op.name not in dead]
 
 
 def _sizes(tensor: Any) -> tuple[int, int]:
@@ -390,33 +457,70 @@ def _accumulated(body: Any, trips: int) -> tuple[int, int]:
     return fixed, per
 
 
-def _collect(graph: Any, depth: int = 0) -> tuple[list[_Op], int]:
+def _widening(op: Any) -> tuple[int, int]:
+    """float32 copies a CPU kernel makes of float16 operands (no float16 arithmetic):
+    measured with a fixed mmap threshold, a float16 MatMul peaks at its output plus
+    float32 copies of its inputs and output, a float16 convolution at its output plus a
+    float32 copy of its batch-sized input (where a float32 one reorders a copy of it)."""
+    if not op.outputs or op.outputs[0].dtype.name != "float16":
+        return 0, 0
+    if op.type in _MATMULS:
+        parts = [_sizes(t) for t in list(op.inputs) + list(op.outputs)]
+        return 2 * sum(f for f, _ in parts), 2 * sum(p for _, p in parts)
+    if op.type in _REORDERING:
+        return 0, _largest_batch_input(op)            # twice the reorder copy, in all
+    return 0, 0
+
+
+def _largest_batch_input(op: Any) -> int:
+    """Per-sample bytes of the copy a CPU convolution makes of its batch-sized source
+    operand (the input; the incoming gradient for a backprop-to-input), reordered into a
+    blocked layout whose channels are padded to a multiple of 16 (measured: a
+    Conv2DBackpropFilter of a 4-channel input copies 16 channels' worth)."""
+    index = 2 if "BackpropInput" in op.type else 0
+    if len(op.inputs) <= index:
+        return 0
+    t = op.inputs[index]
+    _, per = _sizes(t)
+    dims = t.shape.as_list() if t.shape.rank else []
+    if per and dims and dims[-1]:
+        per = per // dims[-1] * (-(-dims[-1] // 16) * 16)
+    return per
+
+
+def _collect(graph: Any, depth: int = 0, cpu: bool = True) -> tuple[list[_Op], int]:
     ops = []
     count = 0
     for index, op in enumerate(graph.get_operations()):
         count += 1
         inner = (0, 0)
         extra = (0, 0)
+        items = 1
         if depth < 8:
             for fname in _function_names(op):
                 fg = _function_graph(graph, fname)
                 if fg is None:
                     continue
-                sub_ops, sub_count = _collect(fg, depth + 1)
+                sub_ops, sub_count = _collect(fg, depth + 1, cpu)
                 count += sub_count
-                sub = StepGraph(sub_ops, set(), sub_count)
+                sub = StepGraph(sub_ops, {t.name for t in fg.outputs}, sub_count)
                 p = _linear_peak(sub)
                 inner = (max(inner[0], p[0]), max(inner[1], p[1]))
                 if op.type in ("While", "StatelessWhile") and fname == op.get_attr("body").name:
-                    extra = _accumulated(fg, _trip_count(op))
+                    trips = _trip_count(op)
+                    extra = _accumulated(fg, trips)
+                    items = trips * max(1, sum(o.type in _LIST_WRITES
+                                               for o in fg.get_operations()))
         if op.type in _REORDERING and REORDER_COPIES:
-            copies = [_sizes(t) for t in op.inputs]
-            inner = (inner[0], inner[1] + sum(p for _, p in copies))
+            inner = (inner[0], inner[1] + _largest_batch_input(op))
+        if cpu and WIDEN_FLOAT16:
+            wf, wp = _widening(op)
+            inner = (inner[0] + wf, inner[1] + wp)
         ops.append(_Op(index=index, name=op.name, type=op.type,
                        inputs=[t.name for t in op.inputs],
                        controls=[c.name for c in op.control_inputs],
                        outputs=[(t.name, *_sizes(t)) for t in op.outputs],
-                       inner=inner, extra=extra))
+                       inner=inner, extra=extra, extra_items=items))
     return ops, count
 
 
@@ -427,11 +531,12 @@ def _linear_peak(step: StepGraph) -> tuple[int, int]:
     return max(0, a - per), per
 
 
-def trace(setup: Any) -> StepGraph:
+def trace(setup: Any, cpu: bool = True) -> StepGraph:
     """Traces one training step of a compiled model (see the module docstring).
 
     Args:
         setup: a :class:`memfit.estimate.training.Setup`.
+        cpu: the step runs on a CPU (float16 kernels widen their operands to float32).
 
     Returns:
         The :class:`StepGraph`; call ``.peak(batch_size)`` on it.
@@ -459,7 +564,7 @@ def trace(setup: Any) -> StepGraph:
     with _recording_scopes(model, scopes):
         concrete = tf.function(step, autograph=False).get_concrete_function(x, y)
     graph = concrete.graph
-    ops, count = _collect(graph)
+    ops, count = _collect(graph, cpu=cpu)
     fetches = {t.name for t in graph.outputs}
     return StepGraph(ops, fetches, count, scopes)
 

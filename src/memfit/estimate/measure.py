@@ -30,11 +30,16 @@ from typing import Any
 from memfit.errors import MemfitError
 from memfit.estimate.child import MARKER
 from memfit.estimate.model import ModelSpec, check_batch_size, check_policy
+from memfit.memory.allocator import check_policy as check_allocator
+from memfit.memory.allocator import policy_env
 from memfit.memory.probe import Sample, peak_of, sample
 
 __all__ = ["ChildResult", "run_child", "measure_training"]
 
 DEFAULT_TIMEOUT = 900.0
+#: Training steps a measuring child runs by default. Under the ``"fixed"`` allocator
+#: policy the peak is reached in the first two steps and stays (docs/estimate.md).
+DEFAULT_STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +72,8 @@ class ChildResult:
         return self.status == "ok"
 
 
-def _child_env(device: str) -> dict:
-    env = dict(os.environ)
+def _child_env(device: str, allocator: str = "default") -> dict:
+    env = policy_env(allocator, dict(os.environ))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"     # measure the CPU even on a GPU machine
@@ -94,7 +99,8 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
         # Files, not pipes: a chatty child can never block on a full pipe.
         proc = subprocess.Popen([sys.executable, "-m", "memfit.estimate.child",
                                  json.dumps(request)], stdout=report, stderr=err,
-                                text=True, env=_child_env(device))
+                                text=True,
+                                env=_child_env(device, request.get("allocator", "default")))
         status, seen = None, None
         try:
             while proc.poll() is None:
@@ -151,9 +157,10 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
 
 def measure_training(model: str | ModelSpec, batch_size: int, *,
                      dtype_policy: str | None = None, optimizer: str | None = None,
-                     input_shape: Any = None, steps: int = 3, device: str = "cpu",
-                     budget: int | None = None,
-                     timeout: float = DEFAULT_TIMEOUT) -> ChildResult:
+                     input_shape: Any = None, steps: int = DEFAULT_STEPS,
+                     device: str = "cpu", budget: int | None = None,
+                     timeout: float = DEFAULT_TIMEOUT,
+                     allocator: str = "default") -> ChildResult:
     """Runs ``steps`` real training steps in a child process and measures their peak.
 
     Example:
@@ -168,16 +175,21 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
         dtype_policy: Keras dtype policy, e.g. ``"mixed_float16"``.
         optimizer: an optimizer name (see :mod:`memfit.estimate.optimizers`).
         input_shape: input shapes for a model that does not know them.
-        steps: training steps to run (the peak is reached in the first two).
+        steps: training steps to run; the peak is the peak over all of them.
         device: ``"cpu"`` or ``"gpu:0"``.
         budget: kill the child when its anonymous RSS passes this many bytes.
         timeout: seconds before the child is killed.
+        allocator: the child's allocator policy (:mod:`memfit.memory.allocator`):
+            ``"default"`` (glibc as it comes, like the training process it stands for)
+            or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB: for a training
+            process that fixes it too).
 
     Raises:
         MemfitError: if ``model`` is a live model object.
     """
     check_batch_size(batch_size)
     check_policy(dtype_policy)
+    check_allocator(allocator)
     if not isinstance(model, str | ModelSpec):
         raise MemfitError("A measuring child needs the model as a .keras file or "
                           "module:function: save it with model.save('model.keras') first.")
@@ -185,7 +197,7 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
     request = {"mode": "train", "model": spec.to_json(), "batch_size": batch_size,
                "dtype_policy": dtype_policy,
                "optimizer": optimizer if isinstance(optimizer, str) else None,
-               "steps": steps, "device": device}
+               "steps": steps, "device": device, "allocator": allocator}
     return run_child(request, budget=budget, timeout=timeout)
 
 

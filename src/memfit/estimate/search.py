@@ -24,6 +24,7 @@ from typing import Any
 from memfit.estimate.measure import ChildResult, measure_training, run_child
 from memfit.estimate.model import EstimateError, ModelSpec, check_policy, parse_input_shape
 from memfit.estimate.optimizers import check_optimizer
+from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.sizes import format_size, parse_size
 
 __all__ = ["SearchResult", "Trial", "find_batch_size"]
@@ -87,10 +88,11 @@ class SearchResult:
 
 
 def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
-                       optimizer: str | None, device: str, timeout: float) -> dict:
+                       optimizer: str | None, device: str, timeout: float,
+                       allocator: str) -> dict:
     r = run_child({"mode": "estimate", "model": spec.to_json(), "batch_size": 1,
                    "budget": budget, "dtype_policy": policy, "optimizer": optimizer,
-                   "device": device}, timeout=timeout)
+                   "device": device, "allocator": allocator}, timeout=timeout)
     if r.status == "error":
         raise EstimateError(r.message)
     if r.status != "ok":
@@ -104,7 +106,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                     input_shape: Any = None, steps: int = 2, device: str = "cpu",
                     precision: float = 0.0, max_trials: int = 10, step_factor: float = 1.25,
                     start: int | None = None, timeout: float = 900.0,
-                    on_trial: Any = None) -> SearchResult:
+                    on_trial: Any = None, allocator: str = "default") -> SearchResult:
     """Finds the largest batch size whose real training steps stay within ``budget``.
 
     Example:
@@ -129,6 +131,9 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         start: the first batch size to try (default: the estimate's).
         timeout: seconds per child.
         on_trial: called with each :class:`Trial` as it ends (for progress output).
+        allocator: the allocator policy of the children and of the seeding estimate
+            (:mod:`memfit.memory.allocator`): ``"default"`` (glibc as it comes) or
+            ``"fixed"`` — the answer holds for a training process under the same policy.
 
     Raises:
         EstimateError: for a model that cannot be loaded (found by the estimate), or
@@ -145,7 +150,12 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         raise EstimateError(f"step_factor must be above 1. Received: step_factor={step_factor!r}")
     spec = model if isinstance(model, ModelSpec) else ModelSpec(
         str(model), parse_input_shape(input_shape))
-    report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout)
+    try:
+        allocator = check_allocator(allocator)
+    except ValueError as e:
+        raise EstimateError(str(e)) from None
+    report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
+                                allocator)
     estimated = int(report.get("max_batch_size") or 0)
     trials: list[Trial] = []
     cache: dict[int, ChildResult] = {}
@@ -154,7 +164,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         if b not in cache:
             r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
                                  steps=steps, device=device, budget=budget_bytes,
-                                 timeout=timeout)
+                                 timeout=timeout, allocator=allocator)
             if r.status == "error":
                 raise EstimateError(r.message)
             cache[b] = r

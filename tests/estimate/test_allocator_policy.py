@@ -1,0 +1,77 @@
+"""The allocator policy: the environment memfit gives its children, and the estimate's
+choice of constants for it."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memfit.estimate import EstimateError, Estimator, measure_training
+from memfit.estimate.estimator import FITTED, predict_from_features
+from memfit.estimate.measure import _child_env
+from memfit.memory.allocator import (
+    ALLOCATOR_POLICIES,
+    FIXED_MMAP_THRESHOLD,
+    check_policy,
+    fix_mmap_threshold,
+    policy_env,
+)
+
+MODELS = Path(__file__).with_name("models.py")
+TINY = f"{MODELS}:tiny"
+
+
+def test_fixed_policy_sets_the_threshold_and_default_removes_it():
+    assert policy_env("fixed") == {"MALLOC_MMAP_THRESHOLD_": str(FIXED_MMAP_THRESHOLD)}
+    inherited = {"MALLOC_MMAP_THRESHOLD_": "999999", "PATH": "/bin"}
+    assert policy_env("default", inherited) == {"PATH": "/bin"}
+    assert inherited["MALLOC_MMAP_THRESHOLD_"] == "999999"          # a copy was changed
+    assert _child_env("cpu", "fixed")["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert "MALLOC_MMAP_THRESHOLD_" not in _child_env("cpu", "default")
+    assert _child_env("cpu")["CUDA_VISIBLE_DEVICES"] == "-1"
+
+
+@pytest.mark.parametrize("bad", ["glibc", "", None])
+def test_unknown_policy_is_a_clear_error_quoting_it(bad):
+    with pytest.raises(ValueError, match=f"allocator={bad!r}"):
+        check_policy(bad)
+    with pytest.raises(EstimateError, match=f"allocator={bad!r}"):
+        Estimator(TINY, allocator=bad)
+    with pytest.raises(ValueError, match=f"allocator={bad!r}"):
+        measure_training(TINY, 8, allocator=bad)
+
+
+@pytest.mark.parametrize("bad", [0, 100, 1.5, "128KiB"])
+def test_fix_mmap_threshold_rejects_bad_thresholds(bad):
+    with pytest.raises(ValueError, match=f"threshold={bad!r}"):
+        fix_mmap_threshold(bad)
+
+
+def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
+    assert set(FITTED) == set(ALLOCATOR_POLICIES)
+    fixed = Estimator(TINY, allocator="fixed").at(8)
+    default = Estimator(TINY).at(8)                   # a plain process: the default
+    assert (fixed.allocator_policy, default.allocator_policy) == ("fixed", "default")
+    assert "allocator policy: fixed" in str(fixed)
+    assert fixed.to_json()["allocator_policy"] == "fixed"
+    for e in (fixed, default):
+        assert e.model_bytes == sum(v for name, v in e.components()
+                                    if not name.startswith("framework baseline"))
+
+
+def test_prediction_from_features_matches_the_estimate():
+    est = Estimator(TINY, allocator="fixed")
+    for b in (1, 64, 4096):
+        assert abs(predict_from_features(est.features(b), FITTED["fixed"])
+                   - est.at(b).model_bytes) <= 4          # int rounding of the parts
+
+
+def test_the_measuring_child_runs_under_the_policy_asked_for():
+    env_before = dict(os.environ)
+    r = measure_training(TINY, 8, steps=2, allocator="fixed")
+    assert r.status == "ok", r.message
+    assert r.report["allocator"] == "fixed"
+    assert len(r.report["step_peaks"]) == 2
+    d = measure_training(TINY, 8, steps=1)             # like a plain process by default
+    assert d.status == "ok" and d.report["allocator"] == "default"
+    assert dict(os.environ) == env_before                  # the parent is left alone
