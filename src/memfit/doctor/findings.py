@@ -235,7 +235,8 @@ def activations(f: Facts) -> Finding | None:
     e = (f.probe or {}).get("estimate")
     if not e or "error" in e:
         return None
-    act, model = e["activations"], e["model_bytes"]
+    # The share is of what the model uses: the estimate's safety margin is not memory.
+    act, model = e["activations"], e["model_bytes"] - e.get("margin", 0)
     if act < ACTIVATIONS_MIN or act < ACTIVATIONS_SHARE * model:
         return None
     batch = e["batch_size"]
