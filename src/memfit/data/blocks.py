@@ -64,14 +64,7 @@ from memfit.data.pipeline import (
     pass_epochs,
     touch,
 )
-from memfit.data.records import (
-    SMALL_CRC_BYTES,
-    crc32c_at,
-    crc32c_small_at,
-    example_layout,
-    frame_header,
-    mask_crc,
-)
+from memfit.data.records import crc32c_at, example_layout, frame_header, mask_crc
 from memfit.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -573,8 +566,6 @@ class BlockReader:
                     why[int(x)] = "bad length or tags: not the record the manifest describes"
         # CRC32C of each record's data, over its pieces in order, without copying.
         stored = bufs.foot[:n].view("<u4").reshape(-1).tolist()
-        # Small pieces (tags, labels) keep the GIL: a GIL hand-over per piece would cost a
-        # thread switch each time the other window builder wants it.
         addr = iov[:, 1:-1, 0].tolist()
         lens = iov[:, 1:-1, 1].tolist()
         for x in range(n):
@@ -582,8 +573,7 @@ class BlockReader:
                 continue
             crc = 0
             for at, length in zip(addr[x], lens[x], strict=True):
-                crc = (crc32c_small_at if length < SMALL_CRC_BYTES else crc32c_at)(
-                    crc, at, length)
+                crc = crc32c_at(crc, at, length)
             if mask_crc(crc) != stored[x]:
                 damaged[x] = True
                 why[x] = "bad CRC32C of its data"

@@ -27,8 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import google_crc32c
 
 __all__ = ["encode_example", "example_layout", "frame", "frame_header", "iter_records",
-           "crc32c_at", "crc32c_small_at", "SMALL_CRC_BYTES", "mask_crc", "RecordError",
-           "LENGTHS_SUFFIX"]
+           "crc32c_at", "mask_crc", "RecordError", "LENGTHS_SUFFIX"]
 
 LENGTHS_SUFFIX = "/lengths"
 _MASK_DELTA = 0xA282EAD8
@@ -52,7 +51,7 @@ def _masked_crc(data: bytes | memoryview) -> bytes:
     return struct.pack("<I", mask_crc(google_crc32c.value(data)))
 
 
-def _bind_crc32c(keep_gil: bool = False) -> Callable[[int, int, int], int]:
+def _bind_crc32c() -> Callable[[int, int, int], int]:
     """``crc32c_extend(crc, address, nbytes)`` of the C library google_crc32c wraps.
 
     google_crc32c's Python functions take ``bytes`` only (a slice of a NumPy buffer would
@@ -61,16 +60,13 @@ def _bind_crc32c(keep_gil: bool = False) -> Callable[[int, int, int], int]:
     (Keeping the GIL for small pieces, as google_crc32c does, made the block reader's
     throughput bimodal on the development machine: about half the processes ran at half
     speed, one window builder holding the GIL through its CRC loop while the other
-    waited.) With ``keep_gil`` the call keeps the GIL (``ctypes.PyDLL``): for pieces of a
-    few KiB, whose checksum takes less time than handing the GIL over and back (which
-    costs a thread switch when another thread wants it). Falls back to copying the bytes
-    when the symbol cannot be found (a build without the bundled library).
+    waited.) Falls back to copying the bytes when the symbol cannot be found (a build
+    without the bundled library).
     """
     try:
         from google_crc32c import _crc32c  # type: ignore[attr-defined]
 
-        lib = ctypes.PyDLL if keep_gil else ctypes.CDLL
-        fn = lib(_crc32c.__file__).crc32c_extend
+        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
         fn.restype = ctypes.c_uint32
         fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
         probe = ctypes.create_string_buffer(b"memfit", 6)
@@ -86,11 +82,6 @@ crc32c_at: Callable[[int, int, int], int] = _bind_crc32c()
 crc32c_at.__doc__ = """``crc32c_at(crc, address, nbytes)``: extends ``crc`` (0 to start) with
 the ``nbytes`` bytes at ``address`` (e.g. ``array.ctypes.data + offset``), without copying
 them and without holding the GIL. The caller keeps the buffer alive."""
-crc32c_small_at: Callable[[int, int, int], int] = _bind_crc32c(keep_gil=True)
-crc32c_small_at.__doc__ = """``crc32c_small_at(crc, address, nbytes)``: :func:`crc32c_at`
-keeping the GIL, for pieces below :data:`SMALL_CRC_BYTES`."""
-#: Pieces below this many bytes are checksummed keeping the GIL (a few microseconds).
-SMALL_CRC_BYTES = 64 * 1024
 
 
 def _varint(n: int) -> bytes:
