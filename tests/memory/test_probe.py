@@ -4,9 +4,11 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from memfit.memory import measure, sample
+from memfit.memory.probe import _parse_status
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
 
@@ -61,6 +63,30 @@ def test_tree_sums_children():
     finally:
         child.kill()
         child.wait()
+
+
+@linux
+def test_a_zombie_is_gone_not_a_sample():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and psutil.Process(child.pid).status() != "zombie":
+            time.sleep(0.01)                      # exited, not reaped: a zombie
+        with pytest.raises(ProcessLookupError, match=f"pid={child.pid}"):
+            sample(child.pid)
+    finally:
+        child.wait()
+
+
+def test_a_process_without_an_address_space_holds_no_memory():
+    # what /proc/PID/status prints for a process in the middle of exiting (its memory
+    # released, not yet a zombie): no Vm*/Rss* lines. The CI once logged such a sample
+    # without its anonymous/file split; it is zero, not unknown.
+    exiting = "Name:\tpython\nState:\tR (running)\nPid:\t4242\nThreads:\t1\n"
+    assert _parse_status(exiting) == {"rss": 0, "rss_anon": 0, "rss_file": 0, "rss_shmem": 0}
+    assert _parse_status(exiting.replace("R (running)", "Z (zombie)")) is None
+    alive = exiting + "VmHWM:\t    2048 kB\nVmRSS:\t    1024 kB\nRssAnon:\t  512 kB\n"
+    assert _parse_status(alive) == {"rss_peak": 2 * 2**20, "rss": 2**20, "rss_anon": 2**19}
 
 
 def test_unknown_pid_is_a_clear_error():

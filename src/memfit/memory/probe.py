@@ -73,16 +73,31 @@ class Sample:
 def _read_status(pid: int) -> dict[str, int] | None:
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            text = f.read().decode("ascii", "replace")
+            return _parse_status(f.read().decode("ascii", "replace"))
     except OSError:
         return None
-    out = {}
+
+
+def _parse_status(text: str) -> dict[str, int] | None:
+    """The memory fields of a ``/proc/<pid>/status`` text, in bytes; ``None`` for a
+    zombie (it ended: there is nothing left to sample).
+
+    Any other process with no address space prints no ``Vm*``/``Rss*`` lines: one in
+    the middle of exiting (its memory already released, not yet a zombie) or a kernel
+    thread. It holds no user memory, so it reads as zeros -- not as "unknown", which
+    would drop the anonymous/file split from a sample taken as a job ends.
+    """
+    out: dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
+        if key == "State" and rest.split()[:1] in (["Z"], ["X"]):
+            return None
         field = _STATUS_FIELDS.get(key)
         if field:
             out[field] = int(rest.split()[0]) * 1024   # the kernel prints kB
-    return out if "rss" in out else None
+    if "rss" not in out:
+        out = {"rss": 0, "rss_anon": 0, "rss_file": 0, "rss_shmem": 0}
+    return out
 
 
 def _one(pid: int) -> Sample:
