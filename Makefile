@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/memfit/data/_window.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memfit.data import records as _records
 from memfit.data.manifest import Feature, Manifest, Shard
 from memfit.data.pipeline import (
     BufferPool,
@@ -64,14 +65,19 @@ from memfit.data.pipeline import (
     pass_epochs,
     touch,
 )
-from memfit.data.records import crc32c_at, example_layout, frame_header, mask_crc
+from memfit.data.records import (
+    crc32c_spans,
+    example_layout,
+    frame_header,
+    mask_crc,
+)
 from memfit.errors import CorruptShardError
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["BlockReader", "RecordLayout", "ShardReadError", "record_layout", "why_not",
-           "build"]
+           "reads_into_batches", "build"]
 
 log = logging.getLogger("memfit")
 
@@ -81,8 +87,10 @@ try:
 except (ValueError, OSError, AttributeError):
     pass
 # Bytes of bookkeeping per record read besides its tags: frame header and CRC (16), the
-# I/O vectors (16 a piece) and the epoch's record sequence.
+# I/O vectors of its header, tags and CRC (16 a piece) and the epoch's record sequence;
+# and per sample and feature: the I/O vector of its value.
 RECORD_OVERHEAD = 96
+SAMPLE_OVERHEAD = 16
 
 
 class ShardReadError(CorruptShardError, ValueError):
@@ -139,6 +147,25 @@ def record_layout(features: Sequence[Feature], samples: int) -> RecordLayout:
     payload = sum(p[2] for p in pieces)
     return RecordLayout(samples=samples, frame_bytes=12 + payload + 4,
                         header=frame_header(payload), skeleton=skeleton, pieces=tuple(pieces))
+
+
+def reads_into_batches(dtypes: Sequence[Any]) -> bool:
+    """Whether the block reader reads each sample of these (little-endian) dtypes straight
+    into its batch row: it needs memfit's C loop (``memfit.data._window``, built at
+    install where a C compiler is found), which reads each record into a staging buffer
+    that stays in the CPU cache, checks its CRC32C there and copies each sample to its
+    row, and no byte swapping. Otherwise records are read into scratch buffers in order
+    and their samples gathered into batches afterwards: two more trips through memory.
+
+    Example:
+        >>> reads_into_batches(["<f4", "<i8"]) == (_records.NATIVE is not None)
+        True
+
+    Args:
+        dtypes: the stored dtypes of the features returned.
+    """
+    return (_records.NATIVE is not None
+            and all(np.dtype(d).newbyteorder("<").isnative for d in dtypes))
 
 
 def why_not(manifest: Manifest, shards: Sequence[Shard]) -> str | None:
@@ -201,8 +228,10 @@ class _Epoch:
 
 @dataclasses.dataclass
 class _Buffers:
-    """One window's scratch: a contiguous buffer per feature, frame headers, tags, CRCs,
-    and the I/O vectors of ``preadv``."""
+    """One window's scratch: a buffer per feature (every sample read, in read order, when
+    the samples are gathered afterwards; else only those outside the window and the
+    features not asked for), frame headers, tags, CRCs, and the I/O vectors of
+    ``preadv``."""
 
     rows: int
     records: int
@@ -210,44 +239,39 @@ class _Buffers:
     head: np.ndarray                # uint8 [records, 12]
     skel: np.ndarray                # uint8 [records, skeleton bytes]
     foot: np.ndarray                # uint8 [records, 4]
-    iov: np.ndarray                 # uint64 [records, pieces, 2]: struct iovec
+    iov: np.ndarray                 # uint64 [pieces, 2]: struct iovec, all records
+    stage: np.ndarray               # uint8 [frame bytes]: one record (the C loop's)
 
 
 @dataclasses.dataclass(frozen=True)
-class _PieceTable:
-    """A frame's pieces (header, payload pieces, CRC) and where each one goes.
+class _Template:
+    """A frame's pieces in file order, one per sample for feature values: the frame
+    header, the tags (the skeleton), each feature's values sample by sample, the CRC.
 
-    ``base`` picks the buffer (0 header, 1 tags, 2 CRC, 3 + f feature f), ``by_row``
-    whether the piece's place follows the record's first row (features) or the record's
-    slot (the rest), ``stride`` the bytes per row or slot; ``offset`` and ``size`` are
-    given per layout: full records (``[0]``), then each size of a short last record.
+    ``kind`` is 0 for the header, 1 for tags, 2 for the CRC, 3 for a sample's value of
+    feature ``feature`` (sample ``sample`` of the record); ``offset`` is where tags sit
+    in the record's skeleton; ``size`` is each piece's bytes.
     """
 
-    pieces: int
-    base: np.ndarray
-    by_row: np.ndarray
-    stride: np.ndarray
-    offset: np.ndarray              # [layouts, pieces]
-    size: np.ndarray                # [layouts, pieces]
+    kind: np.ndarray                # int8 [pieces]
+    feature: np.ndarray             # int64 [pieces]
+    sample: np.ndarray              # int64 [pieces]
+    offset: np.ndarray              # uint64 [pieces]
+    size: np.ndarray                # uint64 [pieces]
 
 
-def _piece_table(layouts: list[RecordLayout], sample_bytes: list[int],
-                 skel_bytes: int) -> _PieceTable:
-    base, by_row, stride = [0], [False], [12]
-    for f, _, _ in layouts[0].pieces:
-        base.append(1 if f < 0 else 3 + f)
-        by_row.append(f >= 0)
-        stride.append(skel_bytes if f < 0 else sample_bytes[f])
-    base.append(2)
-    by_row.append(False)
-    stride.append(4)
-    offset, size = [], []
-    for lay in layouts:
-        offset.append([0, *(off if f < 0 else 0 for f, off, _ in lay.pieces), 0])
-        size.append([12, *(n for _, _, n in lay.pieces), 4])
-    return _PieceTable(pieces=len(base), base=np.array(base), by_row=np.array(by_row),
-                       stride=np.array(stride, np.uint64), offset=np.array(offset, np.uint64),
-                       size=np.array(size, np.uint64))
+def _template(layout: RecordLayout, sample_bytes: list[int]) -> _Template:
+    cols = [(0, 0, 0, 0, 12)]
+    for f, off, n in layout.pieces:
+        if f < 0:
+            cols.append((1, 0, 0, off, n))
+        else:
+            cols.extend((3, f, j, 0, sample_bytes[f]) for j in range(layout.samples))
+    cols.append((2, 0, 0, 0, 4))
+    kind, feature, sample, offset, size = zip(*cols, strict=True)
+    return _Template(np.array(kind, np.int8), np.array(feature, np.int64),
+                     np.array(sample, np.int64), np.array(offset, np.uint64),
+                     np.array(size, np.uint64))
 
 
 def _bind_preadv() -> Any:
@@ -372,7 +396,9 @@ class BlockReader:
         self._layout_list = [self._layouts[n] for n in sizes]
         self._last_layout = np.array([sizes.index(n) for n in self.last_samples.tolist()],
                                      np.int64)
-        self._table = _piece_table(self._layout_list, self.sample_bytes, self._skel_bytes)
+        self._templates = [_template(lay, self.sample_bytes) for lay in self._layout_list]
+        self._pieces = np.array([len(t.kind) for t in self._templates], np.int64)
+        self.direct = reads_into_batches([self.dtypes[f] for f in self.requested])
         self._want = [(np.frombuffer(lay.header, np.uint8), np.frombuffer(lay.skeleton, np.uint8))
                       for lay in self._layout_list]
         rows = window + 2 * self.k
@@ -395,7 +421,7 @@ class BlockReader:
 
     def _reserve_now(self) -> None:
         def prepare(bufs: _Buffers) -> None:
-            for a in (*bufs.data, bufs.head, bufs.skel, bufs.foot, bufs.iov):
+            for a in (*bufs.data, bufs.head, bufs.skel, bufs.foot, bufs.iov, bufs.stage):
                 touch(a)
 
         self._pool.reserve(self._builders, self._default_need, prepare)
@@ -504,55 +530,61 @@ class BlockReader:
                         head=np.empty((records, 12), np.uint8),
                         skel=np.empty((records, self._skel_bytes), np.uint8),
                         foot=np.empty((records, 4), np.uint8),
-                        iov=np.empty((records, self._table.pieces, 2), np.uint64))
+                        iov=np.empty((rows * len(self.features) + records * 2
+                                      * (len(self.full.pieces) + 2), 2), np.uint64),
+                        stage=np.empty(self.full.frame_bytes, np.uint8))
 
     def _read(self, shard: np.ndarray, record: np.ndarray, row: np.ndarray,
-              bufs: _Buffers, e: int) -> np.ndarray:
-        """Reads the records (sorted by shard and record), placing record ``i``'s samples
-        at rows ``row[i]...`` of the feature buffers; returns which records were damaged
-        (raises on the first one unless skipping).
+              bufs: _Buffers, e: int, to: np.ndarray) -> np.ndarray:
+        """Reads the records (sorted by shard and record), placing sample ``j`` of record
+        ``i``'s value of feature ``f`` at address ``to[f, row[i] + j]``; returns which
+        records were damaged (raises on the first one unless skipping).
 
-        Each run of consecutive records of a shard is one ``preadv`` whose I/O vectors
-        (built with NumPy, no Python object per piece) scatter the frame headers, the tags,
-        each feature's bytes and the CRCs to their buffers.
+        A record's bytes go, in file order, to its pieces: the frame header, tags and CRC
+        to side buffers, each sample's values where ``to`` says (the I/O vectors are
+        built with NumPy, no Python object per piece). With memfit's C loop
+        (:func:`reads_into_batches`) each record is read into a staging buffer, its
+        CRC32C computed there while it is in the CPU cache, and its pieces copied out.
+        Without it, each run of consecutive records of a shard is one ``preadv`` straight
+        into the pieces (merged where they continue one another in memory, as a record's
+        samples in a scratch buffer do), and the CRC32C is computed in place afterwards.
+        Then the headers and tags are compared with what the layout must hold.
         """
         n = len(shard)
-        table = self._table
         layout = np.where(record == self.records[shard] - 1, self._last_layout[shard], 0)
-        t = np.arange(n, dtype=np.uint64)
-        index = np.where(table.by_row[None, :], row.astype(np.uint64)[:, None], t[:, None])
-        bases = np.array([bufs.head.ctypes.data, bufs.skel.ctypes.data,
-                          bufs.foot.ctypes.data, *(d.ctypes.data for d in bufs.data)],
-                         np.uint64)[table.base]
-        offset = table.offset[layout]
-        size = table.size[layout]
-        iov = bufs.iov[:n]
-        iov[:, :, 0] = bases[None, :] + index * table.stride[None, :] + offset
-        iov[:, :, 1] = size
-        frame = size.sum(axis=1, dtype=np.int64)
-        damaged = np.zeros(n, bool)
-        why: dict[int, str] = {}
-        # Runs: the same shard, consecutive records, at most _IOV_MAX vectors a call.
-        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (record[1:] != record[:-1] + 1)) + 1
-        per_call = max(1, _IOV_MAX // table.pieces)
-        iov_addr = iov.ctypes.data
-        step = table.pieces * 16
-        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), n], strict=True):
-            s = int(shard[a])
-            fd = os.open(self.files[s], os.O_RDONLY)
-            try:
-                for i in range(a, b, per_call):
-                    j = min(b, i + per_call)
-                    want = int(frame[i:j].sum())
-                    got = _preadv(fd, iov_addr + i * step, (j - i) * table.pieces,
-                                  int(record[i]) * self.full.frame_bytes, want)
-                    if got < want:                      # cut short under our feet
-                        ends = np.cumsum(frame[i:j])
-                        for x in np.flatnonzero(ends > got) + i:
-                            damaged[x] = True
-                            why[int(x)] = "cut short"
-            finally:
+        count = self._pieces[layout]
+        first = np.cumsum(count) - count
+        iov = bufs.iov[:int(count.sum())]
+        head, skel, foot = (bufs.head.ctypes.data, bufs.skel.ctypes.data,
+                            bufs.foot.ctypes.data)
+        for lid in np.unique(layout).tolist():
+            tm = self._templates[lid]
+            slot = np.flatnonzero(layout == lid)
+            at = first[slot][:, None] + np.arange(len(tm.kind))[None, :]
+            u = slot.astype(np.uint64)[:, None]
+            addr = np.empty(at.shape, np.uint64)
+            for kind, base, stride in ((0, head, 12), (1, skel, self._skel_bytes),
+                                       (2, foot, 4)):
+                cols = tm.kind == kind
+                addr[:, cols] = base + u * np.uint64(stride) + tm.offset[cols][None, :]
+            cols = tm.kind == 3
+            addr[:, cols] = to[tm.feature[cols][None, :],
+                               row[slot][:, None] + tm.sample[cols][None, :]]
+            iov[at, 0] = addr
+            iov[at, 1] = tm.size[None, :]
+        frame = np.array([lay.frame_bytes for lay in self._layout_list], np.int64)[layout]
+        files = np.unique(shard).tolist()
+        fds = {s: os.open(self.files[s], os.O_RDONLY) for s in files}
+        try:
+            if self.direct:
+                got, crc = self._read_native(shard, record, first, count, fds, bufs, iov)
+            else:
+                got, crc = self._read_preadv(shard, record, first, count, frame, fds, iov)
+        finally:
+            for fd in fds.values():
                 os.close(fd)
+        damaged = got < frame
+        why = {int(x): "cut short" for x in np.flatnonzero(damaged)}
         # Frame headers and tags: what this layout must hold.
         for lid, (want_head, want_skel) in enumerate(self._want):
             rows_ = layout == lid
@@ -564,22 +596,68 @@ class BlockReader:
                 if not damaged[x]:
                     damaged[x] = True
                     why[int(x)] = "bad length or tags: not the record the manifest describes"
-        # CRC32C of each record's data, over its pieces in order, without copying.
-        stored = bufs.foot[:n].view("<u4").reshape(-1).tolist()
-        addr = iov[:, 1:-1, 0].tolist()
-        lens = iov[:, 1:-1, 1].tolist()
-        for x in range(n):
-            if damaged[x]:
-                continue
-            crc = 0
-            for at, length in zip(addr[x], lens[x], strict=True):
-                crc = crc32c_at(crc, at, length)
-            if mask_crc(crc) != stored[x]:
-                damaged[x] = True
-                why[x] = "bad CRC32C of its data"
+        for x in np.flatnonzero((mask_crc(crc) != bufs.foot[:n].view("<u4").reshape(-1))
+                                & ~damaged):
+            damaged[x] = True
+            why[int(x)] = "bad CRC32C of its data"
         if damaged.any():
             self._damaged(e, shard, record, damaged, why)
         return damaged
+
+    def _read_native(self, shard: np.ndarray, record: np.ndarray, first: np.ndarray,
+                     count: np.ndarray, fds: dict[int, int], bufs: _Buffers,
+                     iov: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes read and CRC32C of each record, through memfit's C loop (one call)."""
+        module, extend = _records.NATIVE  # type: ignore[misc]
+        n = len(shard)
+        fd = np.array([fds[s] for s in shard.tolist()], np.int32)
+        offset = record.astype(np.int64) * self.full.frame_bytes
+        spans = np.stack([first, first + count], axis=1).astype(np.int64)
+        got = np.zeros(n, np.int64)
+        crc = np.zeros(n, np.uint32)
+        module.read_records(extend, n, fd.ctypes.data, offset.ctypes.data, iov.ctypes.data,
+                            spans.ctypes.data, bufs.stage.ctypes.data, bufs.stage.nbytes,
+                            got.ctypes.data, crc.ctypes.data)
+        return got, crc
+
+    def _read_preadv(self, shard: np.ndarray, record: np.ndarray, first: np.ndarray,
+                     count: np.ndarray, frame: np.ndarray, fds: dict[int, int],
+                     iov: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes read and CRC32C of each record: ``preadv`` per run, CRCs in place."""
+        n = len(shard)
+        record_of = np.repeat(np.arange(n), count)
+        payload = np.ones(len(iov), bool)
+        payload[first] = False
+        payload[first + count - 1] = False
+        joins = ((iov[:-1, 0] + iov[:-1, 1] == iov[1:, 0]) & payload[:-1] & payload[1:]
+                 & (record_of[:-1] == record_of[1:]))
+        starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+        new = np.cumsum(np.concatenate(([True], ~joins))) - 1
+        sizes = np.add.reduceat(iov[:, 1], starts)
+        iov[:len(starts), 0] = iov[starts, 0]
+        iov[:len(starts), 1] = sizes
+        first, end = new[first], new[first + count - 1] + 1
+        iov = iov[:len(starts)]
+        got = np.zeros(n, np.int64)
+        # Runs: the same shard, consecutive records; at most _IOV_MAX vectors a call.
+        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (record[1:] != record[:-1] + 1)) + 1
+        iov_addr = iov.ctypes.data
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), n], strict=True):
+            p0, p1 = int(first[a]), int(end[b - 1])
+            offset = int(record[a]) * self.full.frame_bytes
+            done = 0
+            for i in range(p0, p1, _IOV_MAX):
+                j = min(p1, i + _IOV_MAX)
+                want = int(iov[i:j, 1].sum())
+                step = _preadv(fds[int(shard[a])], iov_addr + i * 16, j - i, offset + done,
+                               want)
+                done += step
+                if step < want:                         # cut short under our feet
+                    break
+            before = np.cumsum(frame[a:b]) - frame[a:b]
+            got[a:b] = np.clip(done - before, 0, frame[a:b])
+        crc = crc32c_spans(iov, np.stack([first + 1, end - 1], axis=1))
+        return got, crc
 
     def _damaged(self, e: int, shard: np.ndarray, record: np.ndarray, damaged: np.ndarray,
                  why: dict[int, str]) -> None:
@@ -617,33 +695,44 @@ class BlockReader:
         read = np.lexsort((record, shard))                 # file order: runs, locality
         row = np.empty(len(read), np.int64)
         row[read] = np.cumsum(sizes[read]) - sizes[read]
-        bufs = self._pool.get((int(sizes.sum()), len(read)))
+        lo = np.maximum(a - starts[i0:i1], 0)
+        hi = np.minimum(b - starts[i0:i1], sizes)
+        take = hi - lo
+        idx = np.arange(int(take.sum()), dtype=np.int64)
+        rows = np.repeat(row + lo - (np.cumsum(take) - take), take) + idx
+        perm = order_rng(self.seed, e, 1, w).permutation(len(rows)) if self.shuffle \
+            else slice(None)
+        rows = rows[perm]                   # output position -> sample read (row space)
+        read_rows = int(sizes.sum())
+        bufs = self._pool.get((read_rows, len(read)))
         try:
-            damaged = self._read(shard[read], record[read], row[read], bufs, e)
-            lo = np.maximum(a - starts[i0:i1], 0)
-            hi = np.minimum(b - starts[i0:i1], sizes)
-            take = hi - lo
-            idx = np.arange(int(take.sum()), dtype=np.int64)
-            rows = np.repeat(row + lo - (np.cumsum(take) - take), take) + idx
-            perm = order_rng(self.seed, e, 1, w).permutation(len(rows)) if self.shuffle \
-                else slice(None)
-            rows = rows[perm]
+            # Where each sample read goes: to its batch row (direct), else to the scratch
+            # buffer in read order (samples outside the window, features not asked for).
+            to = np.empty((len(self.features), read_rows), np.uint64)
+            t = np.arange(read_rows, dtype=np.uint64)
+            for f, data in enumerate(bufs.data):
+                to[f] = data.ctypes.data + t * np.uint64(self.sample_bytes[f])
+            out = []
+            for f in self.requested:
+                out.append(self._outputs[f].array((len(rows), *self.features[f].shape),
+                                                  self.dtypes[f].newbyteorder("=")))
+                if self.direct:
+                    to[f, rows] = (out[-1].ctypes.data + np.arange(len(rows), dtype=np.uint64)
+                                   * np.uint64(self.sample_bytes[f]))
+            damaged = self._read(shard[read], record[read], row[read], bufs, e, to)
+            if not self.direct:
+                for f, dest in zip(self.requested, out, strict=True):
+                    src = bufs.data[f][:bufs.rows * self.sample_bytes[f]].view(
+                        self.dtypes[f]).reshape(bufs.rows, *self.features[f].shape)
+                    if self.dtypes[f].isnative:
+                        np.take(src, rows, axis=0, out=dest, mode="clip")   # no buffering
+                    else:
+                        dest[...] = src[rows]
             if damaged.any():                               # on_corrupt="skip"
                 bad_seq = np.zeros(len(read), bool)
                 bad_seq[read[damaged]] = True
-                rows = rows[~bad_seq[np.repeat(np.arange(len(read)), take)[perm]]]
-            out = []
-            for f in self.requested:
-                f_ = self.features[f]
-                src = bufs.data[f][:bufs.rows * self.sample_bytes[f]].view(
-                    self.dtypes[f]).reshape(bufs.rows, *f_.shape)
-                dest = self._outputs[f].array((len(rows), *f_.shape),
-                                              self.dtypes[f].newbyteorder("="))
-                if self.dtypes[f].isnative:
-                    np.take(src, rows, axis=0, out=dest, mode="clip")   # no buffering
-                else:
-                    dest[...] = src[rows]
-                out.append(dest)
+                keep = ~bad_seq[np.repeat(np.arange(len(read)), take)[perm]]
+                out = [dest[keep] for dest in out]
             return out
         finally:
             self._pool.put(bufs)

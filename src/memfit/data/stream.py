@@ -6,10 +6,10 @@ Two readers, one order model. Shards of fixed-shape features, uncompressed (what
 
     shard files, permuted by (seed, e), read `cycle_length` at a time round-robin
       → the record sequence, cut into windows of a whole number of batches
-      → windows built ahead, in order, on `parallel_windows` threads (preadv each run of
-        records straight into reused per-feature buffers, check frame headers and CRC32C,
-        permute the window's samples by (seed, e, window), np.take them into aligned
-        batches), into the next epoch's first windows
+      → windows built ahead, in order, on `parallel_windows` threads (permute the
+        window's samples by (seed, e, window); preadv each run of records, every sample
+        straight into its row of the aligned batches; check frame headers and CRC32C in
+        place), into the next epoch's first windows
       → a sequential .map(numpy_function: hand over the next window)
       → rebatch to `batch_size` → prefetch
 
@@ -106,7 +106,9 @@ class DatasetPlan:
         arena_limit: glibc malloc arenas the process is capped at (``None``: not capped).
         reader: ``"blocks"`` (memfit's block reader: windows of whole batches built by
             ``parallel_windows`` threads) or ``"tf"`` (``tf.data.TFRecordDataset``).
-        reader_note: why the TF reader was chosen, when it was not asked for.
+        reader_note: why the TF reader was chosen, when it was not asked for; with the
+            block reader, how samples reach their batch rows
+            (:func:`memfit.data.blocks.reads_into_batches`).
     """
 
     path: str
@@ -138,8 +140,8 @@ class DatasetPlan:
                      else "stored order")
             return (f"memfit.dataset {self.path} [{self.split}]: budget "
                     f"{format_size(self.memory_budget)} → {order}; memfit's block reader "
-                    f"(records read straight into reused buffers, CRC32C checked, windows of "
-                    f"{self.window_samples:,} samples gathered into batches), "
+                    f"({self.reader_note}, CRC32C checked, windows of "
+                    f"{self.window_samples:,} samples), "
                     f"{self.parallel_windows} windows built ahead, prefetch "
                     f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
                     f"in flight. {self.samples:,} samples → {self.steps_per_epoch} steps/epoch of "
@@ -221,8 +223,10 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                 epochs: int | None) -> DatasetPlan:
     """The block reader's window, parallelism and prefetch depth from a byte budget.
 
-    A window (a whole number of batches) is read into one buffer per feature (every
-    feature: the CRC covers them all) and gathered into batches of the requested ones;
+    A window (a whole number of batches) is read into its batches of the requested
+    features, with a scratch buffer per feature for what the CRC covers but the window
+    does not return (without memfit's C extension: read into the scratch buffers, then
+    gathered into batches);
     ``parallel_windows`` windows are built at once, and the batches handed on keep their
     window's output alive until consumed. The window aims at ``_BLOCK_WINDOW_CAP`` bytes read
     and at least two records of each of the ``cycle_length`` shards read round-robin;
@@ -237,17 +241,19 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
     """
     cores = os.cpu_count() or 1
     k = manifest.samples_per_record
-    read_bytes = sum(int(f.sample_bytes or 0) for f in manifest.features.values())
+    read_bytes = sum(int(f.sample_bytes or 0) + blocks.SAMPLE_OVERHEAD
+                     for f in manifest.features.values())
     out_bytes = max(1, sum(int(manifest.features[n].sample_bytes or 0) for n in names))
     cycle = max(1, min(len(shards), _MAX_CYCLE)) if shuffle else 1
     records = sum(s.records for s in shards)
     index = _EPOCHS_KEPT * 16 * (records + 1)
-    overhead = blocks.RECORD_OVERHEAD + len(blocks.record_layout(
-        list(manifest.features.values()), k).skeleton)
+    full = blocks.record_layout(list(manifest.features.values()), k)
+    overhead = blocks.RECORD_OVERHEAD + len(full.skeleton)
 
     def need(m: int, parallel: int, prefetch: int) -> int:
         size = m * batch_size
-        read = (size + 2 * k) * read_bytes + (math.ceil(size / k) + 2) * overhead
+        read = ((size + 2 * k) * read_bytes + (math.ceil(size / k) + 2) * overhead
+                + full.frame_bytes)                      # + the C loop's staging record
         out = size * out_bytes
         alive = _outputs_alive(parallel, prefetch, batch_size, size)
         return index + parallel * read + alive * out
@@ -277,7 +283,11 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        window_records=math.ceil(window / k), window_samples=window,
                        cycle_length=cycle, read_threads=parallel, parallel_windows=parallel,
                        prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
-                       shuffle=shuffle, reader="blocks")
+                       shuffle=shuffle, reader="blocks",
+                       reader_note="each sample read straight into its batch row"
+                       if blocks.reads_into_batches([manifest.features[n].dtype for n in names])
+                       else "records read into reused buffers, their samples then gathered "
+                            "into batches: memfit's C extension memfit.data._window is not built")
 
 
 def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Tensor:
@@ -322,8 +332,8 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
     ``model.fit``.
 
     Shards of fixed-shape features without compression are read by memfit's block reader
-    (:mod:`memfit.data.blocks`: records read straight into reused buffers and gathered
-    into batches); others by ``tf.data``'s TFRecord reader. Both give every sample once
+    (:mod:`memfit.data.blocks`: each sample read straight into its batch row); others
+    by ``tf.data``'s TFRecord reader. Both give every sample once
     per epoch in an order that is a pure function of ``(seed, epoch)``.
 
     ``.npy`` sources (a dict of feature name → ``.npy`` path, a directory of ``.npy``
