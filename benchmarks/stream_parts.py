@@ -5,7 +5,8 @@
 Prints a markdown table (progress on stderr), each row measured side by side in this run:
 
 1. window builders alone (``BlockReader.window`` called from 1 and 2 Python threads, no
-   tf.data): samples/s and milliseconds per window, wall and CPU;
+   tf.data): samples/s and milliseconds per window, wall and CPU; one builder with
+   memfit's C loop (``memfit.data._window``) and without it, taking turns;
 2. a new iterator and its first batch, stream vs the in-memory pipeline (medians of 10
    full passes: the first window of each pass was built ahead at the end of the last);
 3. the stream and the in-memory pipeline alone in one process, passes interleaved;
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stream as bench  # noqa: E402  (the data helpers of the main benchmark)
 
 import memfit  # noqa: E402
-from memfit.data import blocks  # noqa: E402
+from memfit.data import blocks, records  # noqa: E402
 
 PASSES = 8
 
@@ -101,6 +102,28 @@ def main() -> None:
     reader.window(1, 0)
     alone = {t: builders(reader, t) for t in (1, 2, 1, 2)}   # the second of each counts
     bench.log(f"builders alone: {alone}")
+    # One builder with memfit's C loop and without it (the NumPy gather), taking turns.
+    ways: dict[str, list[tuple[float, float, float]]] = {"C loop": [], "gather": []}
+    native = records.NATIVE
+    manifest = memfit.Manifest.load(pack)
+    try:
+        records.NATIVE = None                           # decided when a reader is made
+        gathering = blocks.BlockReader(
+            manifest, manifest.split("train").shards, reader.names, seed=reader.seed,
+            shuffle=True, cycle=reader.cycle, window=window, batch_size=bench.BATCH,
+            samples=reader.samples, on_corrupt="raise")
+        gathering.window(1, 0)
+    finally:
+        records.NATIVE = native
+    if native is not None:
+        for _ in range(3):
+            ways["C loop"].append(builders(reader, 1))
+            records.NATIVE = None
+            try:
+                ways["gather"].append(builders(gathering, 1))
+            finally:
+                records.NATIVE = native
+        bench.log(f"one builder, C loop vs gather: {ways}")
     two = interleaved({"stream": stream, "in-memory": memory})
     windows = interleaved({"default windows": stream, "one-batch windows": small})
 
@@ -112,6 +135,14 @@ def main() -> None:
     rows.append(f"| window builders alone, 2 threads ÷ 1 (ms/window wall / CPU: "
                 f"{b2[1]:.1f} / {b2[2]:.1f} vs {b1[1]:.1f} / {b1[2]:.1f}) | "
                 f"{bench.rate(b2[0])} | {bench.rate(b1[0])} | {b2[0] / b1[0]:.2f}× |")
+    if ways["C loop"]:
+        c, g = (statistics.median(r[0] for r in ways[k]) for k in ("C loop", "gather"))
+        cm, gm = (statistics.median(r[2] for r in ways[k]) for k in ("C loop", "gather"))
+        rows.append(f"| one window builder: memfit's C loop ÷ without it (NumPy gather; "
+                    f"ms/window CPU {cm:.1f} vs {gm:.1f}) | {bench.rate(c)} | "
+                    f"{bench.rate(g)} | {c / g:.2f}× |")
+    else:
+        rows.append("| one window builder: memfit's C loop ÷ without it | not built | | |")
     for i, what in ((1, "new iterator, ms"), (2, "first batch, ms")):
         rows.append(f"| {what}: stream ÷ in-memory | {med(two['stream'], i):.1f} | "
                     f"{med(two['in-memory'], i):.1f} | "
