@@ -5,12 +5,16 @@ block of ``samples_per_record`` samples, each feature one ``bytes_list`` value o
 little-endian bytes (:mod:`memfit.data.records`). When every feature has a fixed shape,
 all full records of a split have the same length and keep each feature's bytes at the
 same offsets, and only the last record of a shard may hold fewer samples. So the reader
-knows where everything is without parsing anything: it reads a run of consecutive
-records with one ``os.preadv`` that scatters each feature's bytes straight into a
-contiguous per-feature buffer (reused from call to call), the frame headers and the
-protobuf tags into small side buffers; it checks each record's frame header, tags and
-CRC32C (through a pointer, without copying and without the GIL: :func:`crc32c_at`) and
-gathers the samples into aligned batches with one ``np.take`` per feature.
+knows where everything is without parsing anything, and, since a window's order is
+decided before it is read, where each sample goes: with memfit's C loop
+(:func:`reads_into_batches`) each record is read into a staging buffer that stays in the
+CPU cache, its CRC32C checked there, and each sample's values copied to its batch row,
+one call per window without the GIL; without it, a run of consecutive records is read
+with one ``os.preadv`` that scatters each feature's bytes into a contiguous per-feature
+scratch buffer (reused from call to call), the CRC32C is computed over the pieces in
+place (:func:`memfit.data.records.crc32c_spans`), and one ``np.take`` per feature gathers
+the samples into aligned batches. Either way the frame headers and protobuf tags land in
+small side buffers and are checked against the layout.
 
 The order of epoch ``e`` (a pure function of ``(seed, e)``):
 
