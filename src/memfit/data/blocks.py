@@ -233,9 +233,9 @@ class _Epoch:
 @dataclasses.dataclass
 class _Buffers:
     """One window's scratch: a buffer per feature (every sample read, in read order, when
-    the samples are gathered afterwards; else only those outside the window and the
-    features not asked for), frame headers, tags, CRCs, and the I/O vectors of
-    ``preadv``."""
+    the samples are gathered afterwards; read straight into batches, the features not
+    asked for, and for the others the samples of the first and last records that lie
+    outside the window), frame headers, tags, CRCs, and the I/O vectors."""
 
     rows: int
     records: int
@@ -529,7 +529,11 @@ class BlockReader:
     def _make_buffers(self, need: tuple[int, int]) -> _Buffers:
         rows = max(need[0], self._default_need[0])
         records = max(need[1], self._default_need[1])
-        data = [aligned_empty((rows * b,), np.dtype(np.uint8)) for b in self.sample_bytes]
+        # Read straight into batches, a requested feature's scratch only takes the samples
+        # of the window's first and last records that lie outside it.
+        data = [aligned_empty(((2 * self.k if self.direct and f in self.requested else rows)
+                               * b,), np.dtype(np.uint8))
+                for f, b in enumerate(self.sample_bytes)]
         return _Buffers(rows=rows, records=records, data=data,
                         head=np.empty((records, 12), np.uint8),
                         skel=np.empty((records, self._skel_bytes), np.uint8),
@@ -714,14 +718,22 @@ class BlockReader:
             # buffer in read order (samples outside the window, features not asked for).
             to = np.empty((len(self.features), read_rows), np.uint64)
             t = np.arange(read_rows, dtype=np.uint64)
+            if self.direct:
+                outside = np.ones(read_rows, bool)
+                outside[rows] = False
+                spare = np.flatnonzero(outside)             # at most 2 * (k - 1)
             for f, data in enumerate(bufs.data):
-                to[f] = data.ctypes.data + t * np.uint64(self.sample_bytes[f])
+                size = np.uint64(self.sample_bytes[f])
+                if self.direct and f in self.requested:
+                    to[f, spare] = data.ctypes.data + t[:len(spare)] * size
+                else:
+                    to[f] = data.ctypes.data + t * size
             out = []
             for f in self.requested:
                 out.append(self._outputs[f].array((len(rows), *self.features[f].shape),
                                                   self.dtypes[f].newbyteorder("=")))
                 if self.direct:
-                    to[f, rows] = (out[-1].ctypes.data + np.arange(len(rows), dtype=np.uint64)
+                    to[f, rows] = (out[-1].ctypes.data + t[:len(rows)]
                                    * np.uint64(self.sample_bytes[f]))
             damaged = self._read(shard[read], record[read], row[read], bufs, e, to)
             if not self.direct:

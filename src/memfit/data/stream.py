@@ -224,9 +224,10 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
     """The block reader's window, parallelism and prefetch depth from a byte budget.
 
     A window (a whole number of batches) is read into its batches of the requested
-    features, with a scratch buffer per feature for what the CRC covers but the window
-    does not return (without memfit's C extension: read into the scratch buffers, then
-    gathered into batches);
+    features, with scratch for what the CRC covers but the window does not return: the
+    features not asked for, and the samples of its first and last records that lie
+    outside it (without memfit's C extension: every feature read into scratch buffers,
+    then gathered into batches);
     ``parallel_windows`` windows are built at once, and the batches handed on keep their
     window's output alive until consumed. The window aims at ``_BLOCK_WINDOW_CAP`` bytes read
     and at least two records of each of the ``cycle_length`` shards read round-robin;
@@ -244,6 +245,11 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
     read_bytes = sum(int(f.sample_bytes or 0) + blocks.SAMPLE_OVERHEAD
                      for f in manifest.features.values())
     out_bytes = max(1, sum(int(manifest.features[n].sample_bytes or 0) for n in names))
+    direct = blocks.reads_into_batches([manifest.features[n].dtype for n in names])
+    # Scratch per sample read: every feature when gathering; with samples read straight
+    # into their batch rows only the features not returned (the requested ones keep two
+    # records' worth, for the samples of the window's first and last records outside it).
+    kept = out_bytes if direct else 0
     cycle = max(1, min(len(shards), _MAX_CYCLE)) if shuffle else 1
     records = sum(s.records for s in shards)
     index = _EPOCHS_KEPT * 16 * (records + 1)
@@ -252,7 +258,8 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
 
     def need(m: int, parallel: int, prefetch: int) -> int:
         size = m * batch_size
-        read = ((size + 2 * k) * read_bytes + (math.ceil(size / k) + 2) * overhead
+        read = ((size + 2 * k) * (read_bytes - kept) + 2 * k * kept
+                + (math.ceil(size / k) + 2) * overhead
                 + full.frame_bytes)                      # + the C loop's staging record
         out = size * out_bytes
         alive = _outputs_alive(parallel, prefetch, batch_size, size)
@@ -284,8 +291,7 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        cycle_length=cycle, read_threads=parallel, parallel_windows=parallel,
                        prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
                        shuffle=shuffle, reader="blocks",
-                       reader_note="each sample read straight into its batch row"
-                       if blocks.reads_into_batches([manifest.features[n].dtype for n in names])
+                       reader_note="each sample read straight into its batch row" if direct
                        else "records read into reused buffers, their samples then gathered "
                             "into batches: memfit's C extension memfit.data._window is not built")
 
