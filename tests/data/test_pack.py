@@ -56,7 +56,7 @@ def test_round_trip_variable_shapes(tmp_path):
         np.testing.assert_array_equal(seen[i][1], points[i])
 
 
-def test_npy_inputs_are_memory_mapped_and_npz_and_csv_work(tmp_path):
+def test_npy_inputs_are_memory_mapped_and_npz_and_csv_work(tmp_path, monkeypatch):
     arrays = small_arrays(200)
     for k, v in arrays.items():
         np.save(tmp_path / f"{k}.npy", v)
@@ -80,6 +80,20 @@ def test_npy_inputs_are_memory_mapped_and_npz_and_csv_work(tmp_path):
     got = read_all(tmp_path / "c", shuffle=False)[0]
     np.testing.assert_allclose(got["x"], [[i, i / 4] for i in range(50)])
     np.testing.assert_array_equal(got["y"], [i % 3 for i in range(50)])
+    assert not any(".tmp-" in p.name for p in (tmp_path / "c").iterdir())
+
+    # overwrite=True clears the old dataset, not the CSV conversion this call just made
+    prepare, seen = pack_module._prepare_output, []
+
+    def spy(out, overwrite, fingerprint):
+        state = prepare(out, overwrite, fingerprint)
+        seen.append(sorted(p.name for p in (out / pack_module.CSV_TMP).iterdir()))
+        return state
+
+    monkeypatch.setattr(pack_module, "_prepare_output", spy)
+    memfit.pack(csv=str(csv), output=tmp_path / "c", label="target", shuffle=False,
+                overwrite=True, progress=False)
+    assert seen == [["x.npy", "y.npy"]]
     assert not any(".tmp-" in p.name for p in (tmp_path / "c").iterdir())
 
 

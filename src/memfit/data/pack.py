@@ -249,6 +249,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+CSV_TMP = f"{TMP_MARK}csv"     # a CSV source converted to .npy files, for one pack() call
+
+
 def _prepare_output(out: Path, overwrite: bool, fingerprint: str | None) -> dict[str, Any]:
     """Checks the output directory; returns the resumable state (shards already done)."""
     if out.exists() and not out.is_dir():
@@ -256,8 +259,10 @@ def _prepare_output(out: Path, overwrite: bool, fingerprint: str | None) -> dict
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise DatasetError(f"The output directory {str(out)!r} is not writable.")
-    ours = [p for p in out.iterdir()
-            if p.name in (MANIFEST, STATE) or ".tfrecord" in p.name or p.name.startswith(TMP_MARK)]
+    # This run's CSV conversion (CSV_TMP) is not ours to delete: pack() made it just
+    # before, reads it, and removes it when done.
+    ours = [p for p in out.iterdir() if p.name != CSV_TMP and (
+            p.name in (MANIFEST, STATE) or ".tfrecord" in p.name or p.name.startswith(TMP_MARK))]
     if overwrite:
         for p in ours:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -386,7 +391,7 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     fractions = parse_split(split)
     buffer_bytes = parse_size(shuffle_buffer, name="shuffle_buffer")
 
-    csv_dir = out / f"{TMP_MARK}csv"
+    csv_dir = out / CSV_TMP
     if csv is not None:
         if not Path(csv).is_file():
             raise DatasetError(f"No such CSV file: {csv!r}.")
