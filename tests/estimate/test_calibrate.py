@@ -53,3 +53,18 @@ def test_gpu_calibration_without_a_gpu_is_a_clear_error(cache_home):
     with pytest.raises(MemfitError, match="Calibrate with --device cpu"):
         calibrate("gpu:0", runs=1, cache=False)
     assert load_calibration("gpu:0") is None
+
+
+def test_a_gpu_baseline_is_measured_with_memory_growth(monkeypatch):
+    # Without growth TensorFlow's first GPU op reserves most of the card, and NVML would
+    # report that as the framework's baseline. Here (no GPU) the op falls back to the CPU.
+    from memfit.estimate import child
+    from memfit.share import device
+
+    calls = []
+    monkeypatch.setattr(device, "configure_device", lambda **kw: calls.append(kw))
+    out = child._framework_baseline("gpu:0")
+    assert calls == [{"growth": True}] and out["device"] == "gpu:0"
+    calls.clear()
+    child._framework_baseline("cpu")
+    assert calls == []

@@ -45,6 +45,12 @@ def _framework_baseline(device: str) -> dict:
     import keras  # noqa: F401
     import tensorflow as tf
 
+    if device.startswith("gpu"):
+        # Memory growth: otherwise TensorFlow's first op reserves most of the card, and
+        # NVML would charge all of it to the process as its "baseline".
+        from memfit.share.device import configure_device
+
+        configure_device(growth=True)
     with tf.device("/GPU:0" if device.startswith("gpu") else "/CPU:0"):
         (tf.constant([1.0]) + 1.0).numpy()         # starts the runtime and its thread pools
     s = sample()
