@@ -402,6 +402,7 @@ class BlockReader:
                                      np.int64)
         self._templates = [_template(lay, self.sample_bytes) for lay in self._layout_list]
         self._pieces = np.array([len(t.kind) for t in self._templates], np.int64)
+        self._frames = np.array([lay.frame_bytes for lay in self._layout_list], np.int64)
         self.direct = reads_into_batches([self.dtypes[f] for f in self.requested])
         self._want = [(np.frombuffer(lay.header, np.uint8), np.frombuffer(lay.skeleton, np.uint8))
                       for lay in self._layout_list]
@@ -580,7 +581,7 @@ class BlockReader:
                                row[slot][:, None] + tm.sample[cols][None, :]]
             iov[at, 0] = addr
             iov[at, 1] = tm.size[None, :]
-        frame = np.array([lay.frame_bytes for lay in self._layout_list], np.int64)[layout]
+        frame = self._frames[layout]
         files = np.unique(shard).tolist()
         fds = {s: os.open(self.files[s], os.O_RDONLY) for s in files}
         try:
