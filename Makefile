@@ -29,3 +29,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -f src/memfit/data/_window*.so
