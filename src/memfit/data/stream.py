@@ -7,9 +7,10 @@ Two readers, one order model. Shards of fixed-shape features, uncompressed (what
     shard files, permuted by (seed, e), read `cycle_length` at a time round-robin
       → the record sequence, cut into windows of a whole number of batches
       → windows built ahead, in order, on `parallel_windows` threads (permute the
-        window's samples by (seed, e, window); preadv each run of records, every sample
-        straight into its row of the aligned batches; check frame headers and CRC32C in
-        place), into the next epoch's first windows
+        window's samples by (seed, e, window); read each record through a staging buffer
+        that stays in the CPU cache, check its CRC32C there and copy every sample
+        straight into its row of the aligned batches, in memfit's C loop; check frame
+        headers and tags), into the next epoch's first windows
       → a sequential .map(numpy_function: hand over the next window)
       → rebatch to `batch_size` → prefetch
 
