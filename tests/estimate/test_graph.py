@@ -23,31 +23,48 @@ def _step(factory, policy: str = "float32") -> graph.StepGraph:
 
 
 def _assert_plays_in_dependency_order(step: graph.StepGraph) -> None:
-    events = step._schedule()
-    ran = [op.name for op, *_ in events]
-    assert len(ran) == len(set(ran))
-    position = {name: i for i, name in enumerate(ran)}
-    producer = {t: op.name for op, *_ in events for t, _, _ in op.outputs}
-    for op, *_ in events:
-        for t in op.inputs:
+    # Each op has two events: its start, then its end. It starts after its inputs ended.
+    seen: dict[str, int] = {}
+    started: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    for i, (op, *_) in enumerate(step._schedule(64)):
+        seen[op.name] = seen.get(op.name, 0) + 1
+        (started if seen[op.name] == 1 else ended)[op.name] = i
+    assert set(seen.values()) == {2} and started.keys() == ended.keys()
+    ops = {op.name: op for op in step.run_ops}
+    producer = {t: name for name in started for t, _, _ in ops[name].outputs}
+    for name, i in started.items():
+        for t in ops[name].inputs:
             if t in producer:
-                assert position[producer[t]] < position[op.name], (t, op.name)
+                assert ended[producer[t]] < i, (t, name)
 
 
-def test_conv_bias_is_fused_and_keeps_its_size_and_scratch():
+def test_conv_bias_is_fused_and_keeps_its_size():
     step = _step(conv)
     traced = {op.name: op for op in step.ops}
     fused = [op for op in step.run_ops if op.type == "_FusedConv2D"]
     assert len(fused) == 1                        # Conv2D + BiasAdd (+ Relu) in one op
     op = fused[0]
     assert traced[op.name].type in ("BiasAdd", "Relu")
-    assert op.outputs[0][1:] == traced[op.name].outputs[0][1:]   # 14 * 14 * 8 floats
-    assert op.outputs[0][2] == 14 * 14 * 8 * 4
-    # The convolution's reordered copy of its input (3 channels padded to 16).
-    assert op.inner[1] >= 16 * 16 * 16 * 4
+    assert op.outputs[0][1:] == traced[op.name].outputs[0][1:]
+    assert op.outputs[0][2] == 14 * 14 * 8 * 4    # per sample: 14 x 14 x 8 floats
+    # It runs as long as the convolution it swallowed (2 x 3*3*3 multiply-adds/output).
+    assert op.cost[1] >= 2 * 27 * 14 * 14 * 8
     assert not any(o.type == "Conv2D" and not o.name.startswith("gradient_tape/")
                    for o in step.run_ops)
     _assert_plays_in_dependency_order(step)
+
+
+def test_the_filter_gradient_holds_an_im2col_buffer_of_a_shard_of_images():
+    step = _step(conv)
+    (grad,) = [op for op in step.run_ops if op.type == "Conv2DBackpropFilter"]
+    column = 14 * 14 * (3 * 3 * 3) * 4            # one image: output pixels x filter
+    work = column + (14 * 14 + 27) * 8 * 4
+    shard = -(-30 * 2**20 // work)                 # images in TensorFlow's 30 MiB "L3"
+    assert grad.workspace == (0, column, shard * column)
+    # A batch smaller than the shard touches only its own images' pages.
+    small, big = step.peak(2, 131072), step.peak(4 * shard, 131072)
+    assert small.bytes < shard * column < big.bytes
 
 
 def test_the_loss_scale_branch_is_inlined_and_played_in_order():
@@ -89,3 +106,24 @@ def test_grappler_can_be_switched_off(monkeypatch):
     step = _step(conv)
     assert step.run_ops is step.ops
     assert any(op.type == "Conv2D" for op in step.run_ops)
+
+
+def _op(index: int, name: str, inputs: list[str], scratch: int, cost: int) -> graph._Op:
+    return graph._Op(index=index, name=name, type="Mul", inputs=inputs, controls=[],
+                     outputs=[(f"{name}:0", 1024, 0)], workspace=(scratch, 0, 0),
+                     cost=(cost, 0))
+
+
+def test_two_executor_threads_hold_two_ready_ops_at_once(monkeypatch):
+    # x feeds a (long, 10 MiB of kernel workspace) and b (short, 20 MiB): with two
+    # threads both run at once, with one they take turns.
+    mib = 2**20
+    ops = [_op(0, "x", [], 0, 1), _op(1, "a", ["x:0"], 10 * mib, 1000),
+           _op(2, "b", ["x:0"], 20 * mib, 10), _op(3, "out", ["a:0", "b:0"], 0, 1)]
+    peaks = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(graph, "THREADS", threads)
+        peaks[threads] = graph.StepGraph(ops, {"out:0"}, len(ops)).peak(8)
+    tensors = 3 * 1024                                      # x, a and b's outputs
+    assert peaks[1].bytes == 20 * mib + tensors and peaks[1].op == "b"
+    assert peaks[2].bytes == 30 * mib + tensors and peaks[2].op == "b"

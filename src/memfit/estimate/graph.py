@@ -6,15 +6,18 @@ allocated. Every tensor in the graph has a static shape; a dimension that is a m
 of the probe batch is the batch dimension, so each tensor's size is known as
 ``fixed + per_sample × batch`` for *any* batch size.
 
-:func:`simulate` then plays the graph the way TensorFlow's executor runs it: an op runs
-when its inputs (and control inputs) are ready, in the order they became ready; its
-outputs are allocated (or, for element-wise ops, take over an input buffer that nobody
-else needs: TensorFlow forwards such buffers in place); a buffer is freed after its last
-consumer ran. Views (``Identity``, ``Reshape``, ``ReadVariableOp``...) share their
-input's buffer. Control flow is followed: the branches of ``If``, the body of ``While``
-(whose accumulators — the per-time-step tensors kept for the backward pass, e.g. in an
-LSTM — are sized from the pushes in the body × the trip count), and called functions.
-Variables and the input batch are not counted here (they are separate components).
+:meth:`StepGraph.peak` then plays the graph the way TensorFlow's executor runs it: an op
+starts when its inputs (and control inputs) are ready, in the order they became ready, on
+one of :data:`THREADS` executor threads, and runs for a time estimated from its work
+(:func:`_cost`); when it starts its outputs are allocated (or, for element-wise ops, take
+over an input buffer that nobody else needs: TensorFlow forwards such buffers in place)
+with the working buffer its CPU kernel allocates (:func:`_workspace`); a buffer is freed
+when its last consumer ends. Views (``Identity``, ``Reshape``, ``ReadVariableOp``...)
+share their input's buffer. Control flow is followed: the branches of ``If``, the body of
+``While`` (whose accumulators — the per-time-step tensors kept for the backward pass, e.g.
+in an LSTM — are sized from the pushes in the body × the trip count), and called
+functions. Variables and the input batch are not counted here (they are separate
+components).
 
 On the CPU the graph played is the one TensorFlow's executor gets: the traced graph
 rewritten by Grappler (:func:`_optimized`: constant folding, arithmetic rewrites, fusions,
@@ -33,6 +36,8 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import heapq
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,13 +48,21 @@ PROBE_BATCH = 997          # a prime that no layer dimension is likely to be a m
 # 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): after the first step, smaller buffers come from
 # the heap arenas (and stay there when freed), larger ones are mapped and unmapped.
 MMAP_THRESHOLD_MAX = 32 * 2**20
-REORDER_COPIES = True
 # TensorFlow lets an element-wise op write over its input only when nobody else holds a
 # reference to that buffer at the moment it runs. When several ops read a tensor, which
 # of them runs last depends on the executor's threads: do not count on forwarding then.
 FORWARD_SHARED = False
 # Play the graph Grappler makes of the step (what the executor runs), not the traced one.
 GRAPPLER = True
+# TensorFlow's executor runs ready ops on an inter-op pool with a thread per CPU: while
+# one thread is in a long convolution, another runs what else is ready (an optimizer
+# update, say), and both hold their memory at once.
+THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+# An op's duration (see _cost): a byte moved costs as much as this many multiply-adds,
+# and every op this many more (the executor's own work per op).
+BYTE_COST = 8
+OP_COST = 100_000
 # A CPU without float16 arithmetic (most x86) computes float16 MatMuls and convolutions
 # on float32 copies of their operands: see _widening.
 WIDEN_FLOAT16 = True
@@ -70,17 +83,18 @@ _FORWARDING = {"Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "S
                "MulNoNan", "Erf", "Softmax", "ClipByValue", "SelectV2", "Select",
                "OnesLike", "ZerosLike", "Sign", "Floor", "Ceil", "Round", "Log1p", "Expm1",
                "Sin", "Cos", "Inv", "InvGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad"}
-# Convolutions on the CPU (oneDNN) reorder a batch-sized operand into a blocked layout
-# for the duration of the op: a transient copy of it. Measured with a fixed mmap
-# threshold: Conv2D and Conv2DBackpropFilter copy their input, Conv2DBackpropInput the
-# incoming gradient, with channels padded to a multiple of 16.
-_REORDERING = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+# Convolutions (their arithmetic is counted by _cost).
+_CONVOLUTIONS = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
                "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
                "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
                "_FusedConv2D"}
+# The cache sizes TensorFlow's CPU convolution gradients size their im2col buffers to.
+_CONV_GRADS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
+_L3_BYTES = 30 * 2**20
+_L2_BYTES = 256 * 2**10
 # Ops without side effects: Grappler prunes them when nobody reads their results.
 PRUNE_DEAD = True
-_PURE = (_FORWARDING | _REORDERING | _MATMULS | (_VIEWS - {"Placeholder", "_Retval"})
+_PURE = (_FORWARDING | _CONVOLUTIONS | _MATMULS | (_VIEWS - {"Placeholder", "_Retval"})
          | {"Tile", "BroadcastTo", "Transpose", "Pad", "Sum", "Mean", "Prod", "Max", "Min",
             "ConcatV2", "Slice", "StridedSlice", "GatherV2", "ResourceGather", "Fill",
             "Shape", "ShapeN", "Size", "Rank", "Const", "Pack", "Unpack", "Split", "SplitV",
@@ -104,6 +118,15 @@ class _Op:
     inner: tuple[int, int] = (0, 0)       # transient peak inside called functions
     extra: tuple[int, int] = (0, 0)       # accumulators a While keeps for the backward pass
     extra_items: int = 1                  # how many tensors make up ``extra``
+    cost: tuple[int, int] = (0, 0)        # how long it runs, in multiply-adds (see _cost)
+    workspace: tuple[int, int, int] = (0, 0, 0)   # kernel buffer: fixed, per sample, cap
+
+
+def _bytes(fixed: int, per: int, cap: int, batch_size: int) -> int:
+    """A buffer's size at ``batch_size``; a workspace touches at most ``cap`` bytes
+    (pages never written are not resident)."""
+    size = fixed + per * batch_size
+    return min(size, cap) if cap else size
 
 
 @dataclasses.dataclass
@@ -143,9 +166,8 @@ class StepGraph:
         self.fetches = fetches
         self.graph_ops = graph_ops         # ops in the step's graphs (functions included)
         self.scopes = scopes or {}         # name scope -> the layer that was called in it
-        self._events: list | None = None
+        self._events: dict[int, list] = {}     # batch size (0: any) -> the schedule
         self._index = {op.name: op.index for op in ops}
-        self._accumulators: dict[int, int] = {}     # buffer -> tensors it stands for
 
     def layer_of(self, op_name: str, layer_names: set[str]) -> str | None:
         """The innermost layer among ``layer_names`` whose call made ``op_name`` (forward
@@ -160,12 +182,18 @@ class StepGraph:
                 break
         return best
 
-    # -- the schedule (independent of the batch size) --------------------------------
+    # -- the schedule -------------------------------------------------------------------
 
-    def _schedule(self) -> list:
-        """Plays the graph once; returns [(op, allocated buffers, freed buffers, inner)]."""
-        if self._events is not None:
-            return self._events
+    def _schedule(self, batch_size: int) -> list:
+        """Plays the graph on :data:`THREADS` executor threads; returns the events in time
+        order: ``(op, allocated buffers, freed buffers)``, one when an op starts (its
+        outputs and its kernel scratch are allocated) and one when it ends (its scratch,
+        and inputs nobody will read any more, are freed). With one thread the order does
+        not depend on the batch size; with several it does (an op's duration is its
+        :attr:`_Op.cost` at that batch size)."""
+        key = batch_size if THREADS > 1 else 0
+        if key in self._events:
+            return self._events[key]
         ops = _prune(self.run_ops, self.fetches) if PRUNE_DEAD else self.run_ops
         by_name = {op.name: op for op in ops}
         producer: dict[str, _Op] = {}
@@ -180,7 +208,7 @@ class StepGraph:
             waiting[op.name] = len(deps)
             for d in deps:
                 consumers[d].append(op)
-        reads: collections.Counter = collections.Counter()     # reads still to come
+        reads: collections.Counter = collections.Counter()     # readers not yet finished
         for op in ops:
             for t in set(op.inputs):
                 reads[t] += 1
@@ -188,9 +216,13 @@ class StepGraph:
         holds: dict[str, list[int]] = {}       # live tensor -> the buffers it keeps alive
         users: collections.Counter = collections.Counter()     # live tensors per buffer
         size: dict[int, tuple[int, int, str]] = {}
-        queue = collections.deque(op for op in ops if waiting[op.name] == 0)
+        items: dict[int, int] = {}             # accumulators: how many tensors they hold
+        caps: dict[int, int] = {}              # workspaces: bytes they touch at most
+        ready = collections.deque(op for op in ops if waiting[op.name] == 0)
+        running: list = []                     # heap of (end time, order, op, scratch)
         done: set[str] = set()
         events = []
+        now = 0
 
         def hold(t: str, buffers: list[int]) -> None:
             holds[t] = buffers
@@ -209,15 +241,8 @@ class StepGraph:
             allocated.append(b)
             return b
 
-        while queue:
-            op = queue.popleft()
-            if op.name in done:
-                continue
-            done.add(op.name)
+        def start(op: _Op) -> None:
             allocated: list[int] = []
-            freed: list[int] = []
-            for t in set(op.inputs):
-                reads[t] -= 1
             for i, (t, fixed, per) in enumerate(op.outputs):
                 if op.type in _VIEWS:
                     source = op.inputs[i] if op.type == "IdentityN" else (
@@ -231,7 +256,7 @@ class StepGraph:
                 if op.type in _FORWARDING:
                     for t_in in op.inputs:
                         buffers = holds.get(t_in)
-                        if (buffers and len(buffers) == 1 and reads[t_in] == 0
+                        if (buffers and len(buffers) == 1 and reads[t_in] == 1
                                 and (FORWARD_SHARED or readers[t_in] == 1)
                                 and users[buffers[0]] == 1 and t_in not in self.fetches
                                 and size[buffers[0]][:2] == (fixed, per)):
@@ -241,25 +266,45 @@ class StepGraph:
                 hold(t, taken or [new_buffer(fixed, per, op.name, allocated)])
             if op.extra != (0, 0):
                 b = new_buffer(*op.extra, op.name, allocated)
-                self._accumulators[b] = max(1, op.extra_items)  # many tensors, not one
-                holders = [t for t, _, _ in op.outputs if reads[t] > 0]
-                for t in holders:                  # kept while its lists are read
+                items[b] = max(1, op.extra_items)  # many tensors, not one
+                for t, _, _ in op.outputs:         # kept while its lists are read
                     holds.setdefault(t, []).append(b)
                     users[b] += 1
-                if not holders:
-                    freed.append(b)
+            scratch = [new_buffer(*op.inner, op.name, allocated)] if op.inner != (0, 0) else []
+            if op.workspace != (0, 0, 0):
+                scratch.append(new_buffer(*op.workspace[:2], op.name, allocated))
+                caps[scratch[-1]] = op.workspace[2]
+            events.append((op, [(b, *size[b], items.get(b, 0), caps.get(b, 0))
+                                for b in allocated], []))
+            end = now + op.cost[0] + op.cost[1] * batch_size if THREADS > 1 else now
+            heapq.heappush(running, (end, len(events), op, scratch))
+
+        def finish(op: _Op, scratch: list[int]) -> None:
+            freed: list[int] = list(scratch)
+            for t in set(op.inputs):
+                reads[t] -= 1
             for t, _, _ in op.outputs:
                 if reads[t] == 0 and t not in self.fetches:
                     release(t, freed)               # nobody reads it
             for t in set(op.inputs):
                 if reads[t] == 0 and t not in self.fetches:
                     release(t, freed)
-            events.append((op, [(b, size[b]) for b in allocated], freed, op.inner))
+            events.append((op, [], freed))
             for c in consumers[op.name]:
                 waiting[c.name] -= 1
                 if waiting[c.name] == 0:
-                    queue.append(c)
-        self._events = events
+                    ready.append(c)
+
+        while ready or running:
+            while ready and len(running) < THREADS:
+                op = ready.popleft()
+                if op.name not in done:
+                    done.add(op.name)
+                    start(op)
+            if running:
+                now, _, op, scratch = heapq.heappop(running)
+                finish(op, scratch)
+        self._events[key] = events
         return events
 
     # -- evaluation at a batch size -------------------------------------------------------
@@ -274,51 +319,49 @@ class StepGraph:
                 at least this size are mapped); ``None``: glibc's dynamic threshold,
                 which ends at the largest buffer of the step (at most 32 MiB).
         """
-        events = self._schedule()
+        events = self._schedule(batch_size)
         if mmap_threshold is None:
-            largest = max((fixed + per * batch_size for _, allocated, _, _ in events
-                           for b, (fixed, per, _) in allocated
-                           if b not in self._accumulators), default=0)
+            largest = max((_bytes(fixed, per, cap, batch_size) for _, allocated, _ in events
+                           for _, fixed, per, _, items, cap in allocated if not items),
+                          default=0)
             threshold = min(MMAP_THRESHOLD_MAX, largest)
         else:
             threshold = mmap_threshold - 1
-        live: dict[int, tuple[int, int, str]] = {}
+
+        def mapped_by_glibc(size: int, items: int) -> bool:
+            if items:       # an accumulator: many tensors, each its own allocation
+                return mmap_threshold is not None and size // items > threshold
+            return size > threshold
+
+        live: dict[int, tuple[int, str, bool]] = {}
         total = heap = mapped = 0
         best, best_at, best_live = -1, "", {}
         heap_peak = mapped_peak = 0
-        for op, allocated, freed, inner in events:
-            for b, (fixed, per, name) in allocated:
-                live[b] = (fixed, per, name)
-                size = fixed + per * batch_size
+        for op, allocated, freed in events:
+            for b, fixed, per, name, items, cap in allocated:
+                size = _bytes(fixed, per, cap, batch_size)
+                is_mapped = mapped_by_glibc(size, items)
+                live[b] = (size, name, is_mapped)
                 total += size
-                if size // self._accumulators.get(b, 1) <= threshold or (
-                        mmap_threshold is None and b in self._accumulators):
-                    heap += size
-                else:
+                if is_mapped:
                     mapped += size
-            transient = inner[0] + inner[1] * batch_size
-            if mmap_threshold is None or transient <= threshold:
-                heap_peak = max(heap_peak, heap + transient)
-                mapped_peak = max(mapped_peak, mapped)
-            else:       # a fixed threshold maps the transient buffers (most are large)
-                heap_peak = max(heap_peak, heap)
-                mapped_peak = max(mapped_peak, mapped + transient)
-            if total + transient > best:
-                best, best_at, best_live = total + transient, op.name, dict(live)
-            for b in freed:
-                fixed, per, _ = live.pop(b)
-                size = fixed + per * batch_size
-                total -= size
-                if size // self._accumulators.get(b, 1) <= threshold or (
-                        mmap_threshold is None and b in self._accumulators):
-                    heap -= size
                 else:
+                    heap += size
+            heap_peak = max(heap_peak, heap)
+            mapped_peak = max(mapped_peak, mapped)
+            if total > best:
+                best, best_at, best_live = total, op.name, dict(live)
+            for b in freed:
+                size, _, is_mapped = live.pop(b)
+                total -= size
+                if is_mapped:
                     mapped -= size
+                else:
+                    heap -= size
         backward = forward = 0
         by_layer: dict[str, int] = collections.defaultdict(int)
         first_backward = self._first_backward()
-        for fixed, per, name in best_live.values():
-            size = fixed + per * batch_size
+        for size, name, _ in best_live.values():
             if self._index.get(name, first_backward) >= first_backward:
                 backward += size
             else:
@@ -466,34 +509,98 @@ def _accumulated(body: Any, trips: int) -> tuple[int, int]:
 
 
 def _widening(op: Any) -> tuple[int, int]:
-    """float32 copies a CPU kernel makes of float16 operands (no float16 arithmetic):
-    measured with a fixed mmap threshold, a float16 MatMul peaks at its output plus
-    float32 copies of its inputs and output, a float16 convolution at its output plus a
-    float32 copy of its batch-sized input (where a float32 one reorders a copy of it)."""
-    if not op.outputs or op.outputs[0].dtype.name != "float16":
+    """float32 copies a CPU kernel makes of float16 operands (no float16 arithmetic): a
+    float16 MatMul multiplies float32 copies of its inputs into a float32 output, then
+    narrows it (seen in TensorFlow's allocator during a mixed_float16 step). float16
+    convolutions work in float16 (their im2col buffers are float16)."""
+    if not op.outputs or op.outputs[0].dtype.name != "float16" or op.type not in _MATMULS:
         return 0, 0
-    if op.type in _MATMULS:
-        parts = [_sizes(t) for t in list(op.inputs) + list(op.outputs)]
-        return 2 * sum(f for f, _ in parts), 2 * sum(p for _, p in parts)
-    if op.type in _REORDERING:
-        return 0, _largest_batch_input(op)            # twice the reorder copy, in all
-    return 0, 0
+    parts = [_sizes(t) for t in list(op.inputs) + list(op.outputs)]
+    return 2 * sum(f for f, _ in parts), 2 * sum(p for _, p in parts)
 
 
-def _largest_batch_input(op: Any) -> int:
-    """Per-sample bytes of the copy a CPU convolution makes of its batch-sized source
-    operand (the input; the incoming gradient for a backprop-to-input), reordered into a
-    blocked layout whose channels are padded to a multiple of 16 (measured: a
-    Conv2DBackpropFilter of a 4-channel input copies 16 channels' worth)."""
-    index = 2 if "BackpropInput" in op.type else 0
-    if len(op.inputs) <= index:
-        return 0
-    t = op.inputs[index]
-    _, per = _sizes(t)
-    dims = t.shape.as_list() if t.shape.rank else []
-    if per and dims and dims[-1]:
-        per = per // dims[-1] * (-(-dims[-1] // 16) * 16)
-    return per
+def _workspace(op: Any) -> tuple[int, int, int]:
+    """The buffer a CPU kernel of the training step allocates while it runs, as (fixed,
+    per-sample, most bytes touched). In a ``tf.function`` TensorFlow runs its own
+    kernels (eager ops get oneDNN's instead):
+
+    * the gradients of a 2-D convolution multiply through an im2col buffer of ``shard``
+      images sized to a 30 MiB "L3 cache" (TensorFlow's conv_grad_*_ops.cc: a 32->64
+      channel 3x3 filter gradient on 30x30 outputs holds [24, 900, 288] floats); only
+      the images of the batch are written, so a small batch touches fewer pages. The
+      input gradient uses one image's buffer when each thread's share of the work is
+      above a 256 KiB "L2 cache";
+    * MaxPoolGrad recomputes the argmax (int64) and copies the pooled output.
+
+    The forward convolution (Eigen) and the depthwise kernels pack in cache-sized
+    blocks: nothing batch-sized."""
+    try:
+        if op.type == "MaxPoolGrad":
+            f, p = _sizes(op.inputs[1])
+            widen = 1 + 8 // (op.inputs[1].dtype.size or 8)
+            return f * widen, p * widen, 0
+        if op.type not in _CONV_GRADS:
+            return 0, 0, 0
+        out = op.inputs[2].shape.as_list()
+        filt = (op.outputs[0] if op.type == "Conv2DBackpropFilter"
+                else op.inputs[1]).shape.as_list()
+        filter_total = filt[0] * filt[1] * filt[2]
+        output_image = out[1] * out[2]
+        size = op.outputs[0].dtype.size
+    except (IndexError, TypeError, ValueError):
+        return 0, 0, 0
+    if not (filter_total and output_image and size):
+        return 0, 0, 0
+    column = output_image * filter_total * size       # one image's im2col buffer
+    work = column + (output_image + filter_total) * filt[3] * size
+    if op.type == "Conv2DBackpropInput" and work // THREADS >= _L2_BYTES:
+        return column, 0, 0                           # a parallel contraction per image
+    shard = -(-_L3_BYTES // work)
+    return 0, column, shard * column
+
+
+def _cost(op: Any) -> tuple[int, int]:
+    """How long ``op`` runs, as (fixed, per-sample) multiply-adds: a convolution's or a
+    MatMul's arithmetic, plus :data:`BYTE_COST` per byte it reads and writes, plus
+    :data:`OP_COST`. Only the ratios between ops matter (they decide what runs together
+    on the executor's threads)."""
+    fixed, per = OP_COST, 0
+    for t in list(op.inputs) + list(op.outputs):
+        f, p = _sizes(t)
+        fixed, per = fixed + BYTE_COST * f, per + BYTE_COST * p
+    try:
+        if op.type in _CONVOLUTIONS:
+            # 2 x (filter elements / output channels) per element of the output side.
+            if "BackpropFilter" in op.type:
+                act, filt = op.inputs[2], op.outputs[0]
+            elif "BackpropInput" in op.type:
+                act, filt = op.inputs[2], op.inputs[1]
+            else:
+                act, filt = op.outputs[0], op.inputs[1]
+            f, p = _sizes(act)
+            dims = filt.shape.as_list()
+            channels = act.shape.as_list()[-1]
+            if channels and all(dims) and act.dtype.size:
+                weights = 1
+                for d in dims:
+                    weights *= d
+                k = 2 * weights // channels // act.dtype.size
+                fixed, per = fixed + k * f, per + k * p
+        elif op.type in _MATMULS:
+            a = op.inputs[0]
+            adjoint = False
+            for attr in ("transpose_a", "adj_x"):
+                with contextlib.suppress(ValueError, TypeError):
+                    adjoint = bool(op.get_attr(attr))
+            dims = a.shape.as_list()
+            inner = dims[-2] if adjoint else dims[-1]
+            f, p = _sizes(op.outputs[0])
+            if inner and op.outputs[0].dtype.size:
+                k = 2 * inner // op.outputs[0].dtype.size
+                fixed, per = fixed + k * f, per + k * p
+    except (ValueError, IndexError, TypeError):     # a shape we cannot read: bytes only
+        pass
+    return fixed, per
 
 
 def _collect(graph: Any, depth: int = 0, cpu: bool = True,
@@ -507,6 +614,7 @@ def _collect(graph: Any, depth: int = 0, cpu: bool = True,
         inner = (0, 0)
         extra = (0, 0)
         items = 1
+        work = (0, 0)                      # the cost of the functions it runs
         if depth < 8:
             for fname in _function_names(op):
                 fg = _function_graph(graph, fname)
@@ -519,13 +627,13 @@ def _collect(graph: Any, depth: int = 0, cpu: bool = True,
                 sub = StepGraph(sub_ops, {t.name for t in fg.outputs}, sub_count)
                 p = _linear_peak(sub)
                 inner = (max(inner[0], p[0]), max(inner[1], p[1]))
+                trips = _trip_count(op) if op.type in _LOOPS else 1
+                work = (work[0] + trips * sum(o.cost[0] for o in sub_ops),
+                        work[1] + trips * sum(o.cost[1] for o in sub_ops))
                 if op.type in _LOOPS and fname == op.get_attr("body").name:
-                    trips = _trip_count(op)
                     extra = _accumulated(fg, trips)
                     items = trips * max(1, sum(o.type in _LIST_WRITES
                                                for o in fg.get_operations()))
-        if op.type in _REORDERING and REORDER_COPIES:
-            inner = (inner[0], inner[1] + _largest_batch_input(op))
         if cpu and WIDEN_FLOAT16:
             wf, wp = _widening(op)
             inner = (inner[0] + wf, inner[1] + wp)
@@ -533,7 +641,9 @@ def _collect(graph: Any, depth: int = 0, cpu: bool = True,
                        inputs=[t.name for t in op.inputs],
                        controls=[c.name for c in op.control_inputs],
                        outputs=[(t.name, *_sizes(t)) for t in op.outputs],
-                       inner=inner, extra=extra, extra_items=items))
+                       inner=inner, extra=extra, extra_items=items,
+                       cost=tuple(a + b for a, b in zip(_cost(op), work, strict=True)),
+                       workspace=_workspace(op) if cpu else (0, 0, 0)))
     return ops, count
 
 
@@ -586,7 +696,8 @@ def trace(setup: Any, cpu: bool = True) -> StepGraph:
 
 # -- the graph as TensorFlow runs it: after Grappler ---------------------------------------
 
-_SIZES, _INNER, _EXTRA = "_memfit_sizes", "_memfit_inner", "_memfit_extra"
+_SIZES, _INNER, _EXTRA, _COST, _WORKSPACE = (
+    "_memfit_sizes", "_memfit_inner", "_memfit_extra", "_memfit_cost", "_memfit_workspace")
 _CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 _LOOPS = {"While", "StatelessWhile"}
 
@@ -603,6 +714,8 @@ def _annotate(node: Any, op: _Op | None) -> None:
     node.attr[_SIZES].list.i.extend(x for _, f, p in op.outputs for x in (f, p))
     node.attr[_INNER].list.i.extend(op.inner)
     node.attr[_EXTRA].list.i.extend((*op.extra, op.extra_items))
+    node.attr[_COST].list.i.extend(op.cost)
+    node.attr[_WORKSPACE].list.i.extend(op.workspace)
 
 
 def _optimized(graph: Any, ops: list[_Op], functions: dict[str, list[_Op]]) -> list[_Op] | None:
@@ -650,16 +763,20 @@ def _optimized(graph: Any, ops: list[_Op], functions: dict[str, list[_Op]]) -> l
         sizes = list(node.attr[_SIZES].list.i) if _SIZES in node.attr else None
         inner = tuple(node.attr[_INNER].list.i) if _INNER in node.attr else (0, 0)
         extra = tuple(node.attr[_EXTRA].list.i) if _EXTRA in node.attr else (0, 0, 1)
+        cost = tuple(node.attr[_COST].list.i) if _COST in node.attr else (OP_COST, 0)
+        workspace = (tuple(node.attr[_WORKSPACE].list.i) if _WORKSPACE in node.attr
+                     else (0, 0, 0))
         traced = by_name.get(node.name)
         if sizes is None and traced is not None:   # a node Grappler made in its place
             sizes = [x for _, f, p in traced.outputs for x in (f, p)]
-            inner = traced.inner
+            inner, cost, workspace = traced.inner, traced.cost, traced.workspace
         if traced is not None and traced.type != node.op:
             # A fusion (Conv2D+BiasAdd+Relu as _FusedConv2D, named after the Relu): it
-            # also has the scratch of the ops it swallowed, up its first input.
+            # also has the scratch and the work of the ops it swallowed, up its first input.
             fused = producer.get(traced.inputs[0]) if traced.inputs else None
             while fused is not None and fused.name not in kept:
                 inner = (inner[0] + fused.inner[0], inner[1] + fused.inner[1])
+                cost = (cost[0] + fused.cost[0], cost[1] + fused.cost[1])
                 fused = producer.get(fused.inputs[0]) if fused.inputs else None
         sizes = (sizes or []) + [0, 0] * max(0, arity[node.name] - len(sizes or []) // 2)
         outputs = [(f"{node.name}:{i // 2}", sizes[i], sizes[i + 1])
@@ -667,7 +784,9 @@ def _optimized(graph: Any, ops: list[_Op], functions: dict[str, list[_Op]]) -> l
         run.append(_Op(index=index, name=node.name, type=node.op, inputs=inputs,
                        controls=[i[1:] for i in node.input if i.startswith("^")],
                        outputs=outputs, inner=(inner[0], inner[1]),
-                       extra=(extra[0], extra[1]), extra_items=extra[2]))
+                       extra=(extra[0], extra[1]), extra_items=extra[2],
+                       cost=(cost[0], cost[1]),
+                       workspace=(workspace[0], workspace[1], workspace[2])))
     return run
 
 
