@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -238,7 +239,8 @@ def fit(cases: list, measured: dict, features: dict, allocator: str) -> str:
         c = _solve(train, allocator)
         errs = sorted(_errors(train, c))
         k = int(0.05 * len(errs))             # at most 5 % of cases stay below
-        c["margin"] = max(0.0, 1 / (1 + errs[k]) - 1) if errs else 0.0
+        margin = max(0.0, 1 / (1 + errs[k]) - 1) if errs else 0.0
+        c["margin"] = math.ceil(margin * 1e4) / 1e4    # as printed, still covers case k
         return c
 
     constants = with_margin(every)

@@ -73,10 +73,10 @@ FIT_TERMS: dict[str, tuple[str, ...]] = {"fixed": ("tensors", "one", "ops"),
 #: (``--fit``); see docs/estimate.md.
 FITTED: dict[str, dict[str, float]] = {
     # memfit's policy: 60 cases measured with 4 steps (0.3 % run to run).
-    "fixed": {"tensors": 0.923282, "one": 9_088_399, "ops": 31_392, "margin": 0.1476},
+    "fixed": {"tensors": 0.97195, "one": 7_175_107, "ops": 31_609, "margin": 0.097},
     # glibc as it comes: 60 cases measured with 3 steps (noisy: 5 % run to run).
-    "default": {"heap": 1.556819, "mmap": 0.639036, "one": 15_622_721, "ops": 26_170,
-                "margin": 0.3222},
+    "default": {"heap": 1.479239, "mmap": 0.874218, "one": 19_649_929, "ops": 24_826,
+                "margin": 0.2279},
 }
 MAX_BATCH = 1 << 24
 
