@@ -202,21 +202,16 @@ def table(cases: list, measured: dict, predicted: dict) -> tuple[str, float, flo
     return "\n".join(rows), mre, under
 
 
-def _solve(rows: list[tuple[dict, int]], allocator: str) -> dict:
+def _solve(rows: list[tuple[dict, int]]) -> dict:
     """Least squares on relative error of ``model_bytes`` over ``rows`` (no margin)."""
     import numpy as np
 
     from memfit.estimate.estimator import FIT_TERMS
 
-    terms = FIT_TERMS[allocator]
-
-    def term(f: dict, t: str) -> float:
-        return f["heap"] + f["mmap"] if t == "tensors" else f[t]
-
-    a = np.array([[term(f, t) / y for t in terms] for f, y in rows])
+    a = np.array([[f[t] / y for t in FIT_TERMS] for f, y in rows])
     b = np.array([(y - f["exact"]) / y for f, y in rows])
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    return {**dict(zip(terms, (float(c) for c in coef), strict=True)), "margin": 0.0}
+    return {**dict(zip(FIT_TERMS, (float(c) for c in coef), strict=True)), "margin": 0.0}
 
 
 def _errors(rows: list[tuple[dict, int]], constants: dict) -> list[float]:
@@ -225,7 +220,7 @@ def _errors(rows: list[tuple[dict, int]], constants: dict) -> list[float]:
     return [(predict_from_features(f, constants) - y) / y for f, y in rows]
 
 
-def fit(cases: list, measured: dict, features: dict, allocator: str) -> str:
+def fit(cases: list, measured: dict, features: dict) -> str:
     """Refits the constants, then the smallest global margin with <= 5 % under-estimates;
     reports the in-sample and leave-one-model-out errors."""
     rows = {}
@@ -236,7 +231,7 @@ def fit(cases: list, measured: dict, features: dict, allocator: str) -> str:
     every = [r for rs in rows.values() for r in rs]
 
     def with_margin(train: list) -> dict:
-        c = _solve(train, allocator)
+        c = _solve(train)
         errs = sorted(_errors(train, c))
         k = int(0.05 * len(errs))             # at most 5 % of cases stay below
         margin = max(0.0, 1 / (1 + errs[k]) - 1) if errs else 0.0
@@ -303,7 +298,7 @@ def main() -> None:
     print(f"\n{len(cases)} cases (allocator policy {args.allocator}): mean relative error "
           f"{mre * 100:.1f} %, under-estimates {under * 100:.0f} %")
     if args.fit:
-        print(fit(cases, measured, features, args.allocator))
+        print(fit(cases, measured, features))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from memfit.estimate import EstimateError, Estimator, measure_training
-from memfit.estimate.estimator import FITTED, predict_from_features
+from memfit.estimate.estimator import FIT_TERMS, FITTED, predict_from_features
 from memfit.estimate.measure import _child_env
 from memfit.memory.allocator import (
     ALLOCATOR_POLICIES,
@@ -49,6 +49,8 @@ def test_fix_mmap_threshold_rejects_bad_thresholds(bad):
 
 def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
     assert set(FITTED) == set(ALLOCATOR_POLICIES)
+    for constants in FITTED.values():
+        assert set(constants) == {*FIT_TERMS, "margin"}
     fixed = Estimator(TINY, allocator="fixed").at(8)
     default = Estimator(TINY).at(8)                   # a plain process: the default
     assert (fixed.allocator_policy, default.allocator_policy) == ("fixed", "default")

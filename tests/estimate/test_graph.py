@@ -127,3 +127,15 @@ def test_two_executor_threads_hold_two_ready_ops_at_once(monkeypatch):
     tensors = 3 * 1024                                      # x, a and b's outputs
     assert peaks[1].bytes == 20 * mib + tensors and peaks[1].op == "b"
     assert peaks[2].bytes == 30 * mib + tensors and peaks[2].op == "b"
+
+
+def test_a_weight_gradient_matmul_takes_longer_with_the_batch():
+    # Dense(2) on 8 features: its kernel's gradient is x^T (b x 8) . dy (b x 2), a sum
+    # over the batch: its work grows with the batch though its output does not.
+    step = _step(conv)
+    grads = [op for op in step.run_ops if op.type == "MatMul"
+             and op.name.startswith("gradient_tape/") and op.outputs[0][1:] == (8 * 2 * 4, 0)]
+    assert len(grads) == 1
+    fixed, per = grads[0].cost
+    assert per >= 2 * 8 * 2                               # multiply-adds per sample
+    assert fixed <= graph.OP_COST + graph.BYTE_COST * 8 * 2 * 4

@@ -61,19 +61,20 @@ __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
            "predict_from_features", "resident_tensors"]
 
 #: The fitted terms of ``model_bytes`` beyond the exact parts (weights, optimizer slots,
-#: input batch, pipeline), per allocator policy: ``heap`` × the peak of heap-served step
-#: buffers and ``mmap`` × the peak of mapped ones (``tensors`` × their sum where the
-#: policy maps nearly every step buffer), ``one`` bytes (executor, thread pools, Keras
-#: trainer state) and ``ops`` bytes per op of the traced step (graph, function, kernels).
-FIT_TERMS: dict[str, tuple[str, ...]] = {"fixed": ("tensors", "one", "ops"),
-                                         "default": ("heap", "mmap", "one", "ops")}
-#: Per allocator policy: the coefficients of its :data:`FIT_TERMS` and ``margin`` (a
+#: input batch, pipeline): ``heap`` × the peak of heap-served step buffers (glibc's
+#: arenas keep them, one arena per thread) and ``mmap`` × the peak of mapped ones,
+#: ``one`` bytes (executor, thread pools, Keras trainer state) and ``ops`` bytes per op
+#: of the traced step (graph, function, kernels). The same terms for every policy; the
+#: policy decides which buffers are heap-served.
+FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
+#: Per allocator policy: the coefficients of :data:`FIT_TERMS` and ``margin`` (a
 #: share added to the whole, so that at most 5 % of the panel is under-estimated). Least
 #: squares on relative error over the 60 cases of ``benchmarks/estimate_accuracy.py``
 #: (``--fit``); see docs/estimate.md.
 FITTED: dict[str, dict[str, float]] = {
     # memfit's policy: 60 cases measured with 4 steps (0.3 % run to run).
-    "fixed": {"tensors": 0.97195, "one": 7_175_107, "ops": 31_609, "margin": 0.097},
+    "fixed": {"heap": 1.227258, "mmap": 0.983928, "one": 5_901_315, "ops": 31_471,
+              "margin": 0.0562},
     # glibc as it comes: 60 cases measured with 3 steps (noisy: 5 % run to run).
     "default": {"heap": 1.479239, "mmap": 0.874218, "one": 19_649_929, "ops": 24_826,
                 "margin": 0.2279},
@@ -85,15 +86,13 @@ def resident_tensors(features: dict[str, float], constants: dict[str, float]) ->
     """The resident memory of the step's tensors under one policy's constants.
 
     Example:
-        >>> resident_tensors({"heap": 10, "mmap": 30}, {"tensors": 0.5})
-        20.0
+        >>> resident_tensors({"heap": 10, "mmap": 30}, {"heap": 1.5, "mmap": 1.0})
+        45.0
 
     Args:
         features: ``heap`` and ``mmap``: the peaks of heap-served and mapped buffers.
-        constants: ``tensors`` (one scale for both), else ``heap`` and ``mmap``.
+        constants: their scales, ``heap`` and ``mmap``.
     """
-    if "tensors" in constants:
-        return constants["tensors"] * (features["heap"] + features["mmap"])
     return constants["heap"] * features["heap"] + constants["mmap"] * features["mmap"]
 
 

@@ -493,15 +493,25 @@ def _trip_count(op: Any) -> int:
 
 
 def _accumulated(body: Any, trips: int) -> tuple[int, int]:
-    """Bytes a While body writes into TensorLists over ``trips`` iterations (copies only:
-    pushing a variable read or a loop input shares its buffer)."""
+    """Bytes a While body writes into TensorLists over ``trips`` iterations: a new buffer
+    per iteration for each tensor pushed, except those that share one already held (a
+    variable read, an element of another list, a constant). A loop variable pushed at
+    the top of the body (an LSTM's cell state, whose gradient needs the previous step's)
+    is a new buffer when the value carried to the next iteration is not itself pushed;
+    when it is (the hidden state, pushed as the cell's output), it is counted there."""
+    pushes = [op.inputs[-1] for op in body.get_operations() if op.type in _LIST_WRITES]
+    pushed = {t.name for t in pushes}
+    carried = dict(zip((t.name for t in body.inputs), body.outputs, strict=False))
     fixed = per = 0
-    for op in body.get_operations():
-        if op.type not in _LIST_WRITES:
+    for item in pushes:
+        if item.op.type in ("ReadVariableOp", "Identity", "Const", "TensorListGetItem"):
             continue
-        item = op.inputs[-1]
-        if item.op.type in ("ReadVariableOp", "Placeholder", "Identity", "Const"):
-            continue
+        if item.op.type == "Placeholder":
+            following = carried.get(item.name)
+            while following is not None and following.op.type == "Identity":
+                following = following.op.inputs[0]
+            if following is None or following.name in pushed | {item.name}:
+                continue                        # loop-invariant, or counted where made
         f, p = _sizes(item)
         fixed += f * trips
         per += p * trips
@@ -595,9 +605,11 @@ def _cost(op: Any) -> tuple[int, int]:
             dims = a.shape.as_list()
             inner = dims[-2] if adjoint else dims[-1]
             f, p = _sizes(op.outputs[0])
-            if inner and op.outputs[0].dtype.size:
-                k = 2 * inner // op.outputs[0].dtype.size
-                fixed, per = fixed + k * f, per + k * p
+            size = op.outputs[0].dtype.size
+            if inner and size and inner % PROBE_BATCH == 0:    # summed over the batch
+                per += 2 * inner // PROBE_BATCH * f // size
+            elif inner and size:
+                fixed, per = fixed + 2 * inner * f // size, per + 2 * inner * p // size
     except (ValueError, IndexError, TypeError):     # a shape we cannot read: bytes only
         pass
     return fixed, per
