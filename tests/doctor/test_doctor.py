@@ -74,7 +74,11 @@ def test_activations_come_from_the_estimator_with_the_layers_and_smaller_batches
     result = results("activations")
     f = result.finding("activations")
     assert f.details["batch_size"] == 64
-    assert f.details["activations"] >= 0.4 * f.details["model_bytes"]
+    # What halving the batch halves: at the step's peak the backward pass's buffers (an
+    # input gradient, the incoming gradient, the filter gradient's im2col shard) outweigh
+    # the one activation still alive.
+    assert f.details["batch_memory"] >= 0.4 * f.details["model_bytes"]
+    assert 0 < f.details["activations"] < f.details["batch_memory"]
     assert [layer["name"] for layer in f.details["layers"][:2]] == ["conv2d", "conv2d_1"]
     assert [s["batch_size"] for s in f.details["smaller"]] == [32, 16]
     assert f.details["smaller"][0]["total"] < f.details["total"]

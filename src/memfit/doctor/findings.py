@@ -12,7 +12,8 @@ kind               applies when
 data-in-ram        NumPy arrays given to ``fit`` (and Keras's copy of them), other arrays alive,
                    ``from_tensor_slices`` tensors or an in-memory ``cache()`` hold at least
                    ``DATA_MIN`` and ``DATA_SHARE`` of the peak
-activations        the estimator's activations at the run's batch size are at least
+activations        the memory the estimator says grows with the batch (activations, their
+                   gradients, kernel buffers) at the run's batch size is at least
                    ``ACTIVATIONS_MIN`` and ``ACTIVATIONS_SHARE`` of the model's training memory
 memory-growth      the classifier's verdict on the run's memory is a leak, or allocator
                    retention of at least ``RETENTION_MIN`` (or a warm-up of ``WARMUP_MIN``)
@@ -235,8 +236,10 @@ def activations(f: Facts) -> Finding | None:
     e = (f.probe or {}).get("estimate")
     if not e or "error" in e:
         return None
-    # The share is of what the model uses: the estimate's safety margin is not memory.
-    act, model = e["activations"], e["model_bytes"] - e.get("margin", 0)
+    # What halving the batch halves: activations, their gradients and the kernels' buffers
+    # (at the step's peak the backward pass's buffers often outweigh the activations
+    # themselves). The share is of what the model uses: the safety margin is not memory.
+    act, model = e.get("batch_memory", e["activations"]), e["model_bytes"] - e.get("margin", 0)
     if act < ACTIVATIONS_MIN or act < ACTIVATIONS_SHARE * model:
         return None
     batch = e["batch_size"]
@@ -254,8 +257,10 @@ def activations(f: Facts) -> Finding | None:
     peak = (f.probe or {}).get("rss_peak_steps")
     measured = (f"the estimate of one training step at batch {batch} ({e['dtype_policy']}, "
                 f"{e['optimizer']}): {_size(model)} for the model, {_size(e['total'])} with "
-                f"the framework; activations kept for the backward pass "
-                f"{_size(act)} ({_share(act, model)}), weights {_size(e['weights'])}, "
+                f"the framework; memory that grows with the batch (activations kept for "
+                f"the backward pass, their gradients, the kernels' buffers) {_size(act)} "
+                f"({_share(act, model)}), of which activations alive at the step's peak "
+                f"{_size(e['activations'])}; weights {_size(e['weights'])}, "
                 f"optimizer slots {_size(e['optimizer_slots'])}, gradients "
                 f"{_size(e['gradients'])}. The process peaked at {_size(peak)} of "
                 f"anonymous RSS during the steps (measured), against {device}"
@@ -284,10 +289,12 @@ def activations(f: Facts) -> Finding | None:
     return Finding(
         "activations", f"Activations dominate the model's training memory at batch {batch}",
         saves, measured,
-        "Activations grow with the batch size (and with the bytes of the compute dtype); "
-        "weights and optimizer state do not. Halving the batch, or computing in 16 bits, "
-        f"halves them: about {_size(saves)} here.",
-        tuple(fix), {"batch_size": batch, "activations": act, "model_bytes": model,
+        "Activations, and the gradients and kernel buffers made from them, grow with the "
+        "batch size (and with the bytes of the compute dtype); weights and optimizer state "
+        "do not. Halving the batch, or computing in 16 bits, halves them: about "
+        f"{_size(saves)} here.",
+        tuple(fix), {"batch_size": batch, "batch_memory": act,
+                     "activations": e["activations"], "model_bytes": model,
                      "total": e["total"], "device_total": device_total,
                      "layers": e.get("layers", []), "smaller": smaller,
                      "model_file": model_file})

@@ -426,6 +426,12 @@ def _estimate(st: _State, device: str) -> dict | None:
     out["smaller"] = [{"batch_size": b, "total": est.total(b),
                        "activations": est.at(b).activations}
                       for b in (e.batch_size // 2, e.batch_size // 4) if b >= 1]
+    # What grows with the batch at the step's peak: activations, their gradients, kernel
+    # buffers (the tensors at the peak, less what they come to at one sample: weight
+    # gradients and other fixed parts).
+    one = est.at(1)
+    out["batch_memory"] = max(0, e.activations + e.gradients
+                              - one.activations - one.gradients)
     return out
 
 
@@ -484,7 +490,7 @@ def finish() -> dict | None:
     if "keras" in sys.modules:
         results["estimate"] = _estimate(st, device)
         e = results["estimate"]
-        if (e and "error" not in e and e["activations"] >= SAVE_MODEL_ACTIVATIONS
+        if (e and "error" not in e and e["batch_memory"] >= SAVE_MODEL_ACTIVATIONS
                 and st.results_dir is not None):
             results["model_file"] = _save_model(st, st.results_dir.parent / "doctor-model.keras")
     else:
