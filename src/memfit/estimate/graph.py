@@ -63,8 +63,8 @@ THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity"
 # and every op this many more (the executor's own work per op).
 BYTE_COST = 8
 OP_COST = 100_000
-# A CPU without float16 arithmetic (most x86) computes float16 MatMuls and convolutions
-# on float32 copies of their operands: see _widening.
+# A CPU without float16 arithmetic (most x86) computes float16 MatMuls on float32 copies
+# of their operands: see _widening.
 WIDEN_FLOAT16 = True
 _MATMULS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"}
 
@@ -85,9 +85,9 @@ _FORWARDING = {"Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "S
                "Sin", "Cos", "Inv", "InvGrad", "SoftplusGrad", "SoftsignGrad", "GeluGrad"}
 # Convolutions (their arithmetic is counted by _cost).
 _CONVOLUTIONS = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
-               "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
-               "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
-               "_FusedConv2D"}
+                 "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
+                 "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+                 "_FusedConv2D"}
 # The cache sizes TensorFlow's CPU convolution gradients size their im2col buffers to.
 _CONV_GRADS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
 _L3_BYTES = 30 * 2**20
