@@ -10,10 +10,11 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["temporary_name", "write_text_atomic", "TMP_MARK"]
+__all__ = ["temporary_name", "write_text_atomic", "file_sha256", "TMP_MARK"]
 
 TMP_MARK = ".tmp-"
 
@@ -32,3 +33,23 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, as hex; read in 4 MiB pieces.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a"
+        >>> _ = p.write_bytes(b"")
+        >>> file_sha256(p)[:12]
+        'e3b0c44298fc'
+
+    Args:
+        path: the file.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()

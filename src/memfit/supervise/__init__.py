@@ -8,11 +8,16 @@ resume exactly.
 
 from typing import Any
 
-from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from memfit.supervise.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    CheckpointWriteError,
+)
 from memfit.supervise.run import ChildRun, RunResult, run
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "ChildRun", "RunResult", "run",
-           "session", "Session"]
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore", "CheckpointWriteError",
+           "ChildRun", "RunResult", "run", "session", "Session"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,10 +12,15 @@ Layout (``WORKDIR/checkpoints/``)::
 
 A checkpoint is written into a temporary directory, every file is flushed to disk, and
 the directory is renamed to its final name (one atomic step), then the directory entry
-is flushed too. A directory named ``ckpt-NNNNNN`` is therefore always complete; the
-newest is the one to resume from. Older ones beyond ``keep`` are removed only after a
-newer one is complete. This module does not import TensorFlow: the parent reads
-positions from it.
+is flushed too. A directory named ``ckpt-NNNNNN`` is therefore complete unless something
+other than a kill changed it since: ``state.json`` records the size and sha256 of every
+other file, and a checksum of itself. :meth:`CheckpointStore.recover` (what a resuming
+session calls) checks the newest checkpoint; one that fails (bit rot, a copy cut short)
+is renamed ``damaged-ckpt-NNNNNN`` with a warning naming the file, and the one before is
+used. Older ones beyond ``keep`` are removed only after a newer one is complete. A write
+that fails (disk full, file-size limit) removes its temporary directory, keeps the
+previous checkpoint and raises :class:`CheckpointWriteError`. This module does not
+import TensorFlow: the parent reads positions from it.
 
 Example:
     >>> import tempfile, pathlib
@@ -29,22 +34,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from memfit.atomic import TMP_MARK
+from memfit.atomic import TMP_MARK, file_sha256
 from memfit.errors import MemfitError
 
-__all__ = ["Checkpoint", "CheckpointStore", "CheckpointError", "FORMAT", "STATE_NAME",
-           "WEIGHTS_NAME", "ARRAYS_NAME", "where"]
+__all__ = ["Checkpoint", "CheckpointStore", "CheckpointError", "CheckpointWriteError",
+           "FORMAT", "STATE_NAME", "WEIGHTS_NAME", "ARRAYS_NAME", "DAMAGED_PREFIX", "where"]
 
 FORMAT = "memfit-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: state.json lists every file's size and sha256
+DAMAGED_PREFIX = "damaged-"
 STATE_NAME = "state.json"
 WEIGHTS_NAME = "model.weights.h5"
 ARRAYS_NAME = "arrays.npz"
@@ -53,6 +62,23 @@ _NAME = re.compile(r"^ckpt-(\d{6,})$")
 
 class CheckpointError(MemfitError):
     """A checkpoint cannot be used for this run (another model, another seed...)."""
+
+
+class CheckpointWriteError(MemfitError):
+    """A checkpoint could not be written (disk full, file-size limit...); the previous
+    one is kept.
+
+    Attributes:
+        errno: the operating system's error number (``errno.ENOSPC``...), or ``None``.
+    """
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
+
+
+class _Damaged(Exception):
+    """A checkpoint directory that fails its checks; the message names the file."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +125,51 @@ def where(epoch: int, step: int) -> str:
     return f"epoch {epoch + 1}, step {step}" if step else f"the start of epoch {epoch + 1}"
 
 
+def _state_checksum(state: dict) -> str:
+    """The checksum a state records of itself: sha256 of its canonical JSON, without it."""
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _load(path: Path) -> dict:
+    """A checkpoint directory's state, after checking it and every file it lists.
+
+    Raises:
+        _Damaged: the state or a file fails a check (the message names the file).
+        CheckpointError: it is not a memfit checkpoint at all.
+    """
+    state_path = path / STATE_NAME
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _Damaged(f"{str(state_path)!r} cannot be read ({e})") from None
+    if not isinstance(state, dict):
+        raise _Damaged(f"{str(state_path)!r} cannot be read (not a JSON object)")
+    if "checksum" in state and state["checksum"] != _state_checksum(state):
+        raise _Damaged(f"{str(state_path)!r} does not match its own checksum")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{str(state_path)!r} is not a memfit checkpoint (format "
+            f"{state.get('format')!r}). Use a new workdir, or move "
+            f"{str(path.parent)!r} away.")
+    files = state.get("files")
+    if not isinstance(files, dict):         # format 1: written before checksums
+        return state
+    for name, expected in files.items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except OSError:
+            raise _Damaged(f"{str(file)!r} is missing") from None
+        if size != expected.get("size"):
+            raise _Damaged(f"{str(file)!r} has {size} bytes, not the {expected.get('size')} "
+                           f"it was written with (a copy cut short?)")
+        if file_sha256(file) != expected.get("sha256"):
+            raise _Damaged(f"{str(file)!r} does not match its sha256 (changed on disk since "
+                           f"it was written)")
+    return state
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -143,29 +214,47 @@ class CheckpointStore:
         return sorted(found)
 
     def latest(self) -> Checkpoint | None:
-        """The newest complete checkpoint, or ``None`` when there is none.
+        """The newest checkpoint that passes its checks, or ``None`` when there is none.
+        Damaged ones are passed over, and left where they are (see :meth:`recover`).
 
         Raises:
-            CheckpointError: if its ``state.json`` cannot be read (not written by memfit,
-                or damaged by something else than a kill).
+            CheckpointError: if the newest is not a memfit checkpoint, or every
+                checkpoint there is damaged.
         """
-        found = self.complete()
-        if not found:
-            return None
-        seq, path = found[-1]
-        try:
-            state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+        return self._newest_good(set_aside=False)
+
+    def recover(self) -> Checkpoint | None:
+        """Like :meth:`latest`, but a damaged checkpoint newer than the good one is
+        renamed ``damaged-ckpt-NNNNNN`` (kept for a look, never used again), with a
+        warning on stderr naming the file that failed.
+
+        Raises:
+            CheckpointError: as :meth:`latest`.
+        """
+        return self._newest_good(set_aside=True)
+
+    def _newest_good(self, set_aside: bool) -> Checkpoint | None:
+        damaged: list[tuple[Path, str]] = []
+        good = None
+        for seq, path in reversed(self.complete()):
+            try:
+                good = Checkpoint(path, seq, _load(path))
+                break
+            except _Damaged as e:
+                damaged.append((path, str(e)))
+        if good is None and damaged:
             raise CheckpointError(
-                f"The checkpoint {str(path)!r} cannot be read ({e}). It was not written by "
-                f"memfit, or was changed since: move it away to resume from the one before, "
-                f"or use a new workdir.") from None
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise CheckpointError(
-                f"{str(path / STATE_NAME)!r} is not a memfit checkpoint (format "
-                f"{state.get('format') if isinstance(state, dict) else None!r}). Use a new "
-                f"workdir, or move {str(self.directory)!r} away.")
-        return Checkpoint(path, seq, state)
+                f"No usable checkpoint in {str(self.directory)!r}: "
+                + "; ".join(problem for _, problem in damaged) + ". Nothing was changed: "
+                "restore the directory from a copy, or move it away to start over.")
+        for path, problem in damaged if set_aside else ():
+            aside = path.with_name(DAMAGED_PREFIX + path.name)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(path, aside)
+            print(f"memfit: checkpoint {str(path)!r} is damaged: {problem}. It was moved to "
+                  f"{aside.name!r}; resuming from {good.path.name if good else 'none'}.",
+                  file=sys.stderr)
+        return good
 
     def clean(self) -> list[Path]:
         """Removes checkpoints left half written by killed writers; returns them."""
@@ -179,7 +268,8 @@ class CheckpointStore:
 
     def write(self, state: dict, fill: Callable[[Path], None]) -> Checkpoint:
         """Writes a checkpoint: ``fill(directory)`` writes the files, then ``state.json``
-        is added and the whole directory is flushed and renamed into place.
+        (with every file's size and sha256) is added and the whole directory is flushed
+        and renamed into place.
 
         Args:
             state: the JSON-able state (``epoch`` and ``step`` at least).
@@ -187,22 +277,52 @@ class CheckpointStore:
 
         Returns:
             The new :class:`Checkpoint`.
+
+        Raises:
+            CheckpointWriteError: the disk refused a write (full, file-size limit, read
+                only); the temporary directory is removed, the previous checkpoint kept.
         """
         found = self.complete()
         seq = found[-1][0] + 1 if found else 0
         name = f"ckpt-{seq:06d}"
         final = self.directory / name
         tmp = self.directory / f"{TMP_MARK}{os.getpid()}-{name}"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        fill(tmp)
-        state = {"format": FORMAT, "format_version": FORMAT_VERSION, "time": time.time(),
-                 **state}
-        (tmp / STATE_NAME).write_text(json.dumps(state), encoding="utf-8")
-        _fsync_tree(tmp)
-        os.rename(tmp, final)
-        _fsync(self.directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            fill(tmp)
+            files = {entry.name: {"size": entry.stat().st_size, "sha256": file_sha256(entry)}
+                     for entry in sorted(tmp.iterdir())}
+            state = {"format": FORMAT, "format_version": FORMAT_VERSION, "time": time.time(),
+                     **state, "files": files}
+            state["checksum"] = _state_checksum(state)
+            (tmp / STATE_NAME).write_text(json.dumps(state), encoding="utf-8")
+            _fsync_tree(tmp)
+            os.rename(tmp, final)
+            _fsync(self.directory)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError(self._write_failed(name, found, e), e.errno) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         for _, old in found[: max(0, len(found) + 1 - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
         return Checkpoint(final, seq, state)
+
+    def _write_failed(self, name: str, found: list[tuple[int, Path]], error: OSError) -> str:
+        # h5py's own text runs over several lines; the errno says the same in a few words.
+        what = os.strerror(error.errno) if error.errno else str(error)
+        code = errno.errorcode.get(error.errno or 0)
+        hint = {errno.ENOSPC: "free space on that disk",
+                errno.EDQUOT: "free space within your disk quota",
+                errno.EFBIG: "raise the file-size limit (ulimit -f)",
+                errno.EROFS: "give a writable --workdir",
+                errno.EACCES: "give a writable --workdir"}.get(error.errno or 0,
+                                                               "fix the cause")
+        kept = (f"the previous checkpoint {found[-1][1].name} is kept; {hint}, then start "
+                f"the run again to resume from it" if found else
+                f"there was no earlier checkpoint; {hint}, then start the run again")
+        return (f"Could not write checkpoint {name} in {str(self.directory)!r}: {what}"
+                f"{f' ({code})' if code else ''}. Nothing half-written was left and {kept}.")
