@@ -6,9 +6,13 @@ checkpointed and asks its supervisor (`memfit run`) to start it again — e.g. a
 ``CONFIG`` (78, ``EX_CONFIG``): a training process found that it cannot run as
 configured (its workdir holds another model's checkpoints, ``--max-rss`` is below its
 baseline...); a supervisor stops instead of restarting it.
+``CHECKPOINT_FAILED`` (74, ``EX_IOERR``): a training process could not write its
+checkpoint (disk full, file-size limit); the previous one is kept, and a supervisor
+stops, since a restart would fail the same way.
 ``NOT_FOUND`` (127): the command to run does not exist, as in a shell.
 """
 
+CHECKPOINT_FAILED = 74
 RESTART = 75
 CONFIG = 78
 NOT_FOUND = 127

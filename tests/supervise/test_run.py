@@ -252,11 +252,25 @@ def test_max_rss_below_the_baseline_is_a_clear_error(data, tmp_path, capfd):
     ({"interval": 0}, "Received: interval=0"),
     ({"max_rss": "2GiB", "hard_rss": "1GiB"}, "hard_rss must be above max_rss"),
     ({"max_rss": "lots"}, "lots"),
+    ({"max_rss": 0}, "max_rss must be a size above zero"),
+    ({"max_rss": "0GiB"}, "Received: max_rss=0"),
+    ({"hard_rss": "0"}, "hard_rss must be a size above zero"),
+    ({"stop_grace": -1}, "Received: stop_grace=-1"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         memfit.run(["true"], workdir=tmp_path / "wd", **kwargs)
     assert not (tmp_path / "wd").exists()
+
+
+@pytest.mark.parametrize("option", ["--max-rss", "--hard-rss"])
+def test_a_zero_memory_limit_is_one_clear_line_and_exit_2(tmp_path, capsys, option):
+    from memfit.cli import main
+
+    assert main(["run", "--workdir", str(tmp_path / "wd"), option, "0", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit run: error:") and "above zero" in err
+    assert "Traceback" not in err and not (tmp_path / "wd").exists()
 
 
 def test_an_empty_command_is_refused():

@@ -5,7 +5,9 @@ through. memfit samples its process tree (anonymous RSS; memory-mapped data does
 count) and starts it again from its last checkpoint: every --restart-every epochs; when
 it reaches --max-rss (it is asked to checkpoint after its current step and exit); when it
 reaches --hard-rss or does not answer within --grace seconds (it is killed); after a
-crash or an OOM kill (with backoff). The same failure at the same checkpoint twice in a
+crash or an OOM kill (with backoff). SIGTERM (a preemption) is passed on: the command
+checkpoints after its current step and exits, the run stops, and running the same
+command again resumes with no step redone. The same failure at the same checkpoint twice in a
 row stops the run, as do more than --max-restarts unplanned restarts. Everything goes to
 WORKDIR/memory.jsonl: `memfit report WORKDIR` shows the restarts on the timeline.
 Exit code: 0 when the training finished, else the last process's exit code.
@@ -48,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="restarts not asked by --restart-every before giving up (default: 10)")
     p.add_argument("--grace", type=float, default=60.0, metavar="SECONDS",
                    help="time to answer a --max-rss request before a kill (default: 60)")
+    p.add_argument("--stop-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="after a SIGTERM (a preemption), time the command has to checkpoint "
+                        "and exit before it is killed (default: 30)")
     p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between memory samples (default: 0.5)")
     p.add_argument("--report", action="store_true",
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         result = supervise(args.cmd, workdir=args.workdir, restart_every=args.restart_every,
                            max_rss=args.max_rss, hard_rss=args.hard_rss,
                            max_restarts=args.max_restarts, grace=args.grace,
-                           interval=args.interval)
+                           interval=args.interval, stop_grace=args.stop_grace)
     except CommandStartError as e:
         print(f"memfit run: error: {e}", file=sys.stderr)
         return e.exit_code

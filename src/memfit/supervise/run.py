@@ -13,9 +13,14 @@ its whole process tree with the one probe, and starts it again from its last che
 
 The same failure at the same checkpoint twice in a row (a bug, a batch that can never
 fit) stops the run with that reason instead of restarting forever, as does a child that
-reports a configuration error (exit 78) or more than ``max_restarts`` unplanned restarts.
-Every sample, exit and restart goes to the shared log (``memfit report WORKDIR`` marks
-restarts on the timeline). SIGINT/SIGTERM stop the child and the run.
+reports a configuration error (exit 78), a checkpoint it could not write (exit 74) or
+more than ``max_restarts`` unplanned restarts. Every sample, exit and restart goes to the
+shared log (``memfit report WORKDIR`` marks restarts on the timeline).
+
+SIGTERM (a preemption: Kubernetes, Slurm, a spot instance) is passed on to the training
+process, whose session finishes its current step, checkpoints and exits; the run then
+stops, and the next ``memfit run`` resumes with no step redone. A process still running
+``stop_grace`` seconds after the signal is killed. SIGINT (Ctrl-C) stops both at once.
 
 Example:
     >>> result = memfit.run(["python", "train.py"], restart_every=1)  # doctest: +SKIP
@@ -44,7 +49,7 @@ from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size, parse_size
 from memfit.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.supervise import protocol
-from memfit.supervise.checkpoint import CheckpointStore, where
+from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
 from memfit.workdir import WORKDIR_ENV, Workdir
 
 __all__ = ["run", "RunResult", "ChildRun"]
@@ -59,10 +64,11 @@ class ChildRun:
     Attributes:
         pid: its process id.
         exit_code: as a shell reports it (128 + N when killed by signal N).
-        cause: why it ended: ``"finished"``, ``"restart"`` (it exited with 75),
-            ``"config"`` (78), ``"crash"`` (another code), ``"killed"`` (a signal not
-            sent by memfit, e.g. the OOM killer), ``"hard-rss"``, ``"unresponsive"``,
-            ``"interrupted"``.
+        cause: why it ended: ``"finished"``, ``"restart"`` (it exited with 75, or
+            checkpointed and exited after a SIGTERM sent to it alone), ``"config"`` (78),
+            ``"checkpoint-failed"`` (74), ``"crash"`` (another code), ``"killed"`` (a
+            signal not sent by memfit, e.g. the OOM killer), ``"hard-rss"``,
+            ``"unresponsive"``, ``"interrupted"`` (memfit run itself got SIGINT/SIGTERM).
         reason: the details: the restart's reason (``"every 1 epoch"``, ``"max-rss"``),
             the signal's name, the exit code.
         started, ended: Unix times.
@@ -149,8 +155,17 @@ def _at(position: tuple[int, int]) -> str:
     return f"{position[0]}" + (f"+{position[1]}" if position[1] else "")
 
 
+def _latest(store: CheckpointStore) -> Checkpoint | None:
+    """The newest good checkpoint, for the table (the session sets damaged ones aside
+    and says so; here a store it cannot use reads as none)."""
+    try:
+        return store.latest()
+    except CheckpointError:
+        return None
+
+
 def _position(store: CheckpointStore) -> tuple[int, int]:
-    ckpt = store.latest()
+    ckpt = _latest(store)
     return ckpt.position if ckpt else (0, 0)
 
 
@@ -162,7 +177,8 @@ def _signal_name(number: int) -> str:
 
 
 def _check(restart_every: int | None, max_rss: int | None, hard_rss: int | None,
-           max_restarts: int, grace: float, interval: float, backoff: float) -> None:
+           max_restarts: int, grace: float, interval: float, backoff: float,
+           stop_grace: float) -> None:
     if restart_every is not None and (isinstance(restart_every, bool)
                                       or not isinstance(restart_every, int)
                                       or restart_every < 1):
@@ -171,7 +187,13 @@ def _check(restart_every: int | None, max_rss: int | None, hard_rss: int | None,
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative integer. "
                          f"Received: max_restarts={max_restarts!r}")
-    for name, value in (("grace", grace), ("interval", interval), ("backoff", backoff)):
+    for name, value in (("max_rss", max_rss), ("hard_rss", hard_rss)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be a size above zero (e.g. 6GiB); 0 would restart "
+                             f"at once, every time. Leave it out to restart on crashes only. "
+                             f"Received: {name}={value!r}")
+    for name, value in (("grace", grace), ("interval", interval), ("backoff", backoff),
+                        ("stop_grace", stop_grace)):
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not math.isfinite(value) or value < 0 or (name == "interval" and value == 0):
             kind = "positive" if name == "interval" else "non-negative"
@@ -208,7 +230,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
         restart_every: int | None = None, max_rss: str | int | None = None,
         hard_rss: str | int | None = None, max_restarts: int = 10, grace: float = 60.0,
         interval: float = 0.5, backoff: float = 1.0, max_backoff: float = 30.0,
-        out: object = None) -> RunResult:
+        stop_grace: float = 30.0, out: object = None) -> RunResult:
     """Runs a training command, restarting it from its checkpoints until it finishes.
 
     The command should use :func:`memfit.session` (it checkpoints, resumes, and answers
@@ -238,6 +260,8 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
         backoff: seconds before the first restart after a failure; doubled for each
             further failure in a row, up to ``max_backoff``.
         max_backoff: the longest wait between restarts.
+        stop_grace: seconds the command has, after memfit run is sent SIGTERM (and passes
+            it on), to checkpoint and exit before it is killed.
         out: where the end summary is printed (``None``: ``sys.stderr``; ``False``: not).
 
     Returns:
@@ -251,7 +275,8 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
     command = check_command(command)
     max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss")
     hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss")
-    _check(restart_every, max_rss, hard_rss, max_restarts, grace, interval, backoff)
+    _check(restart_every, max_rss, hard_rss, max_restarts, grace, interval, backoff,
+           stop_grace)
     wd = Workdir(workdir).create()
     if wd.log.exists() and wd.log.stat().st_size > 0:
         for _ in read_log(wd.log):          # LogError if it is not a memfit log
@@ -278,7 +303,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                 resumed_at = _position(store)
                 proc = start(command, env)
                 child = _supervise(proc, log, wd, store, resumed_at, max_rss, hard_rss,
-                                   grace, interval, interrupted=received)
+                                   grace, interval, stop_grace, interrupted=received)
                 children.append(child)
                 peak = child.peak.anon_or_total if child.peak else None
                 log.write("exit", pid=child.pid, code=child.exit_code, cause=child.cause,
@@ -286,9 +311,8 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                           peak_rss=peak, seconds=round(child.ended - child.started, 3))
                 if child.cause == "finished":
                     break
-                if child.cause in ("interrupted", "config"):
-                    stop_reason = ("interrupted" if child.cause == "interrupted" else
-                                   "the command reported a configuration error (exit 78)")
+                if child.cause in _STOPS:
+                    stop_reason = _STOPS[child.cause]
                     break
                 planned = child.cause == "restart" and child.reason.startswith(PLANNED)
                 if not planned:
@@ -333,6 +357,14 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
     return result
 
 
+_STOPS = {
+    "interrupted": "interrupted",
+    "config": "the command reported a configuration error (exit 78)",
+    "checkpoint-failed": "the command could not write its checkpoint (exit 74; its message "
+                         "above says why)",
+}
+
+
 def _describe(child: ChildRun) -> str:
     if child.cause == "restart":
         return f"process {child.pid} checkpointed and exited for a restart ({child.reason})"
@@ -367,13 +399,22 @@ def _sleep(seconds: float, interrupted: list[int]) -> bool:
 
 def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: CheckpointStore,
                resumed_at: tuple[int, int], max_rss: int | None, hard_rss: int | None,
-               grace: float, interval: float, interrupted: list[int]) -> ChildRun:
+               grace: float, interval: float, stop_grace: float,
+               interrupted: list[int]) -> ChildRun:
     """Samples one child until it exits; asks for a restart or kills it on memory."""
     started = time.time()
     peak: Sample | None = None
     requested: float | None = None
     killed: str | None = None
+    signalled: float | None = None
     for now in ticks(proc, interval):
+        if interrupted and signalled is None:
+            signalled = now
+        if signalled is not None and killed is None and now - signalled > stop_grace \
+                and proc.poll() is None:
+            killed = "stop-grace"
+            log.write("kill", pid=proc.pid, reason="stop-grace", grace=stop_grace)
+            kill_tree(proc)
         try:
             s = sample(proc.pid, tree=True)
         except ProcessLookupError:          # it ended
@@ -397,10 +438,13 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
             kill_tree(proc)
     ended = time.time()
     code = exit_code(proc.returncode)
-    ckpt = store.latest()
+    ckpt = _latest(store)
     ended_at = ckpt.position if ckpt else (0, 0)
+    fresh = ckpt is not None and ckpt.state.get("time", 0) >= started
     if interrupted:
         cause, reason = "interrupted", _signal_name(interrupted[0])
+        if killed == "stop-grace":
+            reason += f", killed: no exit within --stop-grace {stop_grace:g} s"
     elif killed == "hard-rss":
         cause, reason = killed, f"anonymous RSS reached --hard-rss {format_size(hard_rss)}"
     elif killed == "unresponsive":
@@ -408,10 +452,14 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
     elif code == 0:
         cause, reason = "finished", ""
     elif code == exitcodes.RESTART:
-        fresh = ckpt is not None and ckpt.state.get("time", 0) >= started
         cause, reason = "restart", str(ckpt.state.get("reason", "")) if fresh else "asked"
+    elif code == 128 + signal.SIGTERM and fresh and \
+            str(ckpt.state.get("reason", "")).startswith("preempted"):
+        cause, reason = "restart", str(ckpt.state["reason"])
     elif code == exitcodes.CONFIG:
         cause, reason = "config", "exit 78"
+    elif code == exitcodes.CHECKPOINT_FAILED:
+        cause, reason = "checkpoint-failed", "exit 74"
     elif proc.returncode < 0:
         name = _signal_name(-proc.returncode)
         cause = "killed"

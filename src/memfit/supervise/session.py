@@ -15,6 +15,14 @@ Under ``memfit run`` the session also restarts itself on the supervisor's behalf
 :mod:`memfit.supervise.protocol`), it finishes the current step, checkpoints and exits
 with ``memfit.exitcodes.RESTART`` (75).
 
+Preemption: while ``fit`` runs, SIGTERM (what Kubernetes, Slurm and spot instances send
+before a kill) makes the session finish the current step (or, during validation, the
+current validation batch), checkpoint and exit with 143 (128 + SIGTERM), with or
+without ``memfit run``; the next start resumes with no step redone. A checkpoint that
+cannot be written (disk full, file-size limit) keeps the previous one and stops the
+run with exit code ``memfit.exitcodes.CHECKPOINT_FAILED`` (74) and a message saying
+what failed, where.
+
 Example:
     >>> import keras, memfit
     >>> with memfit.session(seed=42) as s:                              # doctest: +SKIP
@@ -28,7 +36,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +58,7 @@ from memfit.supervise.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
+    CheckpointWriteError,
     where,
 )
 from memfit.workdir import Workdir, default_workdir
@@ -155,7 +166,7 @@ class Session:
                                else workdir).create()
         self.store = CheckpointStore(self.workdir.checkpoints)
         self.store.clean()
-        self.checkpoint: Checkpoint | None = self.store.latest()
+        self.checkpoint: Checkpoint | None = self.store.recover()
         self.supervised = bool(os.environ.get(protocol.SUPERVISOR_ENV))
         self.restart_every = _env_int(protocol.RESTART_EVERY_ENV) if self.supervised else None
         self.max_rss = _env_int(protocol.MAX_RSS_ENV) if self.supervised else None
@@ -190,6 +201,7 @@ class Session:
         self.log = MemoryLog(log, source="session",
                              header=not (log.exists() and log.stat().st_size > 0))
         self._restart_reason: str | None = None
+        self.preempted: int | None = None     # the signal that asked the run to stop
         self.callback = SessionCallback(self)
         global _current
         _current = self
@@ -224,6 +236,15 @@ class Session:
             return
         self._restart_reason = reason
 
+    def preempt(self, signum: int = signal.SIGTERM) -> None:
+        """Checkpoints after the current step and exits with ``128 + signum`` (what the
+        session's SIGTERM handler calls while ``fit`` runs; supervised or not)."""
+        if not self.preempted and self.verbose:
+            print(f"\nmemfit: {_signal_name(signum)} received: finishing the current step, "
+                  f"then checkpointing and exiting", file=sys.stderr)
+        self.preempted = signum
+        self._restart_reason = f"preempted ({_signal_name(signum)})"
+
     def pending_restart(self) -> str | None:
         """Why the session should exit for a restart now, or ``None``."""
         if self._restart_reason is None and self.supervised:
@@ -240,6 +261,13 @@ class Session:
             _refuse(error, self.log)
         self.log.close()
         return False
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _refuse(error: Exception, log: MemoryLog | None) -> None:
@@ -270,14 +298,19 @@ class SessionCallback(keras.callbacks.Callback):
         self._restore_metrics: dict[str, np.ndarray] | None = None
         self._restored = False
         self._epoch_done = False
+        self._in_fit = False
+        self._train_metrics: list[np.ndarray] | None = None
+        self._previous_handler: Any = None
 
     # Restoring ----------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._in_fit = True
+        self._handle_sigterm()
         if self._restored:              # a later fit() of the same process goes on
             return
         self._restored = True
         s = self.session
-        ckpt = s.store.latest()
+        ckpt = s.store.recover()
         if ckpt is not None:
             self._restore(ckpt)
         self._check_baseline()
@@ -291,6 +324,26 @@ class SessionCallback(keras.callbacks.Callback):
         if s.verbose and ckpt is not None:
             print(f"memfit: resuming from {ckpt.path.name} at {where(epoch, step)} "
                   f"(seed {s.seed})", file=sys.stderr)
+        if s.preempted:                 # nothing trained since that checkpoint
+            self._exit(s.pending_restart() or "preempted")
+
+    def _handle_sigterm(self) -> None:
+        """While ``fit`` runs, SIGTERM asks for a checkpoint after the current step and an
+        exit (a handler the script set itself is left alone)."""
+        if threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        session = self.session
+
+        def preempt(signum: int, frame: object) -> None:
+            session.preempt(signum)
+
+        self._previous_handler = signal.signal(signal.SIGTERM, preempt)
+
+    def _release_sigterm(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
 
     def _restore(self, ckpt: Checkpoint) -> None:
         model = self.model
@@ -333,12 +386,15 @@ class SessionCallback(keras.callbacks.Callback):
                 self._skip -= 1
                 # TensorFlow's train function pulls its batches from the iterator it is
                 # given (other backends get them pulled already, in a list).
+                batches = data if isinstance(data, list | tuple) else []
                 if not isinstance(data, list | tuple):
                     for _ in range(per_call):
                         try:
-                            next(data)
+                            batches.append(next(data))
                         except StopIteration:
                             break
+                if self._restore_metrics is not None and batches:
+                    self._continue_metrics(batches[0])
                 return dict(logs)
             self._unwrap()
             return model.train_function(data)
@@ -367,17 +423,26 @@ class SessionCallback(keras.callbacks.Callback):
             self._maybe_restart()
         self._position = (epoch, self._position[1] if epoch == self._position[0] else 0)
 
-    def _continue_metrics(self) -> None:
-        """After the first step trained in a resumed, half-done epoch: add the metric
-        states of its first part, so that its logged means cover all its steps.
+    def _continue_metrics(self, batch: Any) -> None:
+        """At the first skipped step of a resumed, half-done epoch (after Keras reset the
+        metrics for it): put back the metric states the checkpoint holds, so that the
+        epoch's logged means cover all its steps, even when every step is skipped.
 
-        Keras builds its compiled metrics in the first step, after resetting them at the
-        epoch's start, so the saved sums and counts are added then: ``0 + c + saved``
-        equals the uninterrupted ``saved + c`` exactly (floating-point addition of two
-        numbers commutes). Keras's metric states are sums and counts.
+        Keras builds its compiled metrics when it first traces a training step; a resume
+        whose every step is skipped never traces one, so they are built here from the
+        shapes of a real batch (as Keras itself does under a distribution strategy).
+        The next trained step then adds to the saved sums and counts exactly as the
+        uninterrupted run added to its own.
         """
         saved, self._restore_metrics = self._restore_metrics, None
-        variables = [v for m in self.model.metrics for v in m.variables]
+        model = self.model
+        if len(self._metric_variables()) != len(saved):
+            try:
+                model._symbolic_build(data_batch=batch)     # as fit() does under a strategy
+            except Exception as e:  # noqa: BLE001 - reported, training goes on
+                print(f"memfit: could not build the metrics to restore them ({e})",
+                      file=sys.stderr)
+        variables = self._metric_variables()
         shapes = [tuple(saved.get(f"metric_{i}", np.empty(())).shape)
                   for i in range(len(variables))]
         if len(saved) != len(variables) or shapes != [tuple(v.shape) for v in variables]:
@@ -385,14 +450,15 @@ class SessionCallback(keras.callbacks.Callback):
                   "metrics cover only the steps since the resume", file=sys.stderr)
             return
         for i, variable in enumerate(variables):
-            variable.assign(variable.numpy() + saved[f"metric_{i}"])
+            variable.assign(saved[f"metric_{i}"])
+
+    def _metric_variables(self) -> list:
+        return [v for m in self.model.metrics for v in m.variables]
 
     # Checkpointing ------------------------------------------------------------------------
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._skip > 0 or self._original_train_function is not None:
             return          # a skipped step: nothing new to save
-        if self._restore_metrics is not None:
-            self._continue_metrics()
         epoch = self._position[0]
         self._position = (epoch, batch + 1)
         s = self.session
@@ -402,6 +468,24 @@ class SessionCallback(keras.callbacks.Callback):
             self._exit(reason)
         if s.checkpoint_every and (batch + 1) % s.checkpoint_every == 0:
             self._save("steps")
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        # Validation inside fit: Keras resets the metrics for it right after this call,
+        # so their training states are kept aside for a checkpoint taken during it.
+        if self._in_fit:
+            self._train_metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        s = self.session
+        if s.preempted and self._in_fit and self._train_metrics is not None:
+            # Preempted while validating: every step of the epoch is trained; the resume
+            # skips them all and validates again.
+            reason = s.pending_restart() or "preempted"
+            self._save(reason, metrics=self._train_metrics)
+            self._exit(reason)
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self._train_metrics = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         s = self.session
@@ -426,38 +510,70 @@ class SessionCallback(keras.callbacks.Callback):
             self._save(reason)
             self._exit(reason)
 
-    def _save(self, reason: str) -> Checkpoint:
+    def _save(self, reason: str, metrics: list[np.ndarray] | None = None) -> Checkpoint:
+        """Writes a checkpoint at the current position (``metrics``: the metric states to
+        save, when the model's now hold something else, as during validation)."""
         s = self.session
         model = self.model
         epoch, step = self._position
         started = time.perf_counter()
+        if step and metrics is None:
+            metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
 
         def fill(directory: Path) -> None:
             model.save_weights(directory / WEIGHTS_NAME)
             arrays = {f"variable_{i}": np.asarray(v.numpy())
                       for i, v in enumerate(_extra_variables(model))}
             if step:
-                values = [v for m in model.metrics for v in m.variables]
-                arrays.update({f"metric_{i}": np.asarray(v.numpy())
-                               for i, v in enumerate(values)})
+                arrays.update({f"metric_{i}": value for i, value in enumerate(metrics)})
             with open(directory / ARRAYS_NAME, "wb") as f:
                 np.savez(f, **arrays)
 
         # The running means of a half-done epoch, shown for its skipped steps on resume.
-        logs = _scalar_logs(model.get_metrics_result()) if step else {}
+        logs = _scalar_logs(self._metrics_result(metrics)) if step else {}
         state = {"epoch": epoch, "step": step, "seed": s.seed, "reason": reason,
                  "history": s.history, "logs": logs,
                  "rng": rng.capture(), "fingerprint": fingerprint(model)}
-        ckpt = s.store.write(state, fill)
+        try:
+            ckpt = s.store.write(state, fill)
+        except CheckpointWriteError as e:
+            self._stop_unwritable(e)
         s.log.write("checkpoint", epoch=epoch, step=step, reason=reason, name=ckpt.path.name,
                     seconds=round(time.perf_counter() - started, 4), **sample().as_record())
         return ckpt
 
+    def _metrics_result(self, values: list[np.ndarray]) -> dict:
+        """``model.get_metrics_result()`` for the given metric states."""
+        variables = self._metric_variables()
+        if len(variables) != len(values):
+            return {}
+        now = [np.asarray(v.numpy()) for v in variables]
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+        try:
+            return self.model.get_metrics_result()
+        finally:
+            for variable, value in zip(variables, now, strict=True):
+                variable.assign(value)
+
+    def _stop_unwritable(self, error: CheckpointWriteError) -> None:
+        """A checkpoint could not be written: say so and stop; restarting would not help."""
+        s = self.session
+        print(f"memfit: error: {error}", file=sys.stderr)
+        s.log.write("stop", reason="checkpoint-write", message=str(error))
+        s.log.close()
+        self._release_sigterm()
+        raise SystemExit(exitcodes.CHECKPOINT_FAILED)
+
     def _exit(self, reason: str) -> None:
         epoch, step = self._position
+        code = exitcodes.RESTART
+        if self.session.preempted:
+            code = 128 + self.session.preempted
         if self.session.verbose:
+            why = "after the signal" if self.session.preempted else "for a restart"
             print(f"\nmemfit: checkpointed at {where(epoch, step)}; exiting with code "
-                  f"{exitcodes.RESTART} for a restart ({reason})", file=sys.stderr)
+                  f"{code} {why} ({reason})", file=sys.stderr)
         self.session.log.close()
         # The checkpoint is on disk: leave at once. A normal exit would unwind the
         # script and tear TensorFlow down (1-2 s here, every restart); the script's
@@ -468,10 +584,12 @@ class SessionCallback(keras.callbacks.Callback):
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(exitcodes.RESTART)
+        os._exit(code)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._epoch_done = False            # the last epoch: nothing to restart for
+        self._in_fit = False
+        self._release_sigterm()
         self._unwrap()
         self.model._initial_epoch = None
         history = getattr(self.model, "history", None)
