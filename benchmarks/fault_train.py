@@ -1,0 +1,165 @@
+"""The training that benchmarks/faults.py kills: a small Keras run under memfit.session.
+
+    python benchmarks/fault_train.py DATA OUT --config divides [--epochs 3]
+
+DATA holds the packed sets `cls` (16 features, 4 classes) and `img` (8x8x1 images,
+4 classes), each with a `train` and a `val` split. OUT gets `final.npz` (weights) and
+`history.json` when training ends, and two files the campaign reads to aim and score
+its kills:
+
+- `phase`: one fixed-size record, rewritten in place at every phase change:
+  `PHASE PID ITERATIONS` (ITERATIONS: the optimizer's step count, which counts trained
+  steps only, not skipped ones);
+- `phases.log`: one line per change, `TIME PID PHASE ITERATIONS`.
+
+Phases: import (interpreter start to the session), build (model and data), restore
+(fit's start: the checkpoint is loaded, the done steps are skipped), step (a training
+step), epoch-end (after an epoch's last step: validation, callbacks, the epoch's
+checkpoint), checkpoint (inside a checkpoint write), finish (after fit).
+"""
+
+import os
+import sys
+import time
+
+OUT = sys.argv[2] if len(sys.argv) > 2 else "."
+os.makedirs(OUT, exist_ok=True)
+_PHASE_FD = os.open(os.path.join(OUT, "phase"), os.O_RDWR | os.O_CREAT, 0o644)
+_LOG_FD = os.open(os.path.join(OUT, "phases.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                  0o644)
+_now = ["import", 0]
+
+
+def phase(name: str, iterations: int | None = None) -> None:
+    """Records the phase this process is in (cheap: one pwrite, one append)."""
+    if iterations is not None:
+        _now[1] = iterations
+    _now[0] = name
+    record = f"{name} {os.getpid()} {_now[1]}".ljust(63) + "\n"
+    os.pwrite(_PHASE_FD, record.encode(), 0)
+    os.write(_LOG_FD, f"{time.time():.6f} {os.getpid()} {name} {_now[1]}\n".encode())
+
+
+phase("import")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+CONFIGS = {
+    # checkpoint_every divides the 20 steps of an epoch; validation and metrics
+    "divides": {"data": "cls", "every": 5, "validation": True, "metrics": True},
+    # it does not divide them; no validation, no metrics
+    "uneven": {"data": "cls", "every": 7, "validation": False, "metrics": False},
+    # Dropout, BatchNormalization and augmentation layers (seed generators, moving stats)
+    "augment": {"data": "img", "every": 6, "validation": True, "metrics": True},
+    # tf.distribute.MirroredStrategy over two logical CPU devices
+    "mirrored": {"data": "cls", "every": 5, "validation": True, "metrics": True,
+                 "mirrored": True},
+}
+
+p = argparse.ArgumentParser()
+p.add_argument("data")
+p.add_argument("out")
+p.add_argument("--config", choices=sorted(CONFIGS), default="divides")
+p.add_argument("--epochs", type=int, default=3)
+args = p.parse_args()
+config = CONFIGS[args.config]
+
+import tensorflow as tf  # noqa: E402
+
+if config.get("mirrored"):
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import memfit  # noqa: E402
+from memfit.supervise.checkpoint import CheckpointStore  # noqa: E402
+
+_write = CheckpointStore.write
+MODEL: list = []
+
+
+def write_marked(self, state, fill):
+    before = _now[0]
+    phase("checkpoint", iterations(MODEL[0]) if MODEL else None)
+    try:
+        return _write(self, state, fill)
+    finally:
+        phase(before)
+
+
+CheckpointStore.write = write_marked
+
+
+def iterations(model) -> int:
+    return int(np.asarray(model.optimizer.iterations.numpy()))
+
+
+class Before(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        phase("restore")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        phase("step")
+
+
+class After(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        phase("restored", iterations(self.model))
+
+    def on_train_batch_end(self, batch, logs=None):
+        last = self.params.get("steps") and batch + 1 == self.params["steps"]
+        phase("epoch-end" if last else "step", iterations(self.model))
+
+
+def build(kind: str) -> keras.Model:
+    if kind == "cls":
+        model = keras.Sequential([
+            keras.Input((16,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(4, activation="softmax"),
+        ])
+    else:
+        model = keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.RandomFlip("horizontal"),
+            keras.layers.RandomTranslation(0.1, 0.1),
+            keras.layers.Conv2D(8, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(4, activation="softmax"),
+        ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"] if config["metrics"] else None)
+    return model
+
+
+data = os.path.join(args.data, config["data"])
+with memfit.session(seed=7, checkpoint_every=config["every"], deterministic=True,
+                    verbose=1) as s:
+    phase("build")
+    strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+                if config.get("mirrored") else tf.distribute.get_strategy())
+    with strategy.scope():
+        model = build(config["data"])
+    MODEL.append(model)
+    train = s.dataset(data, 32, split="train", features=("x", "y"))
+    val = (memfit.dataset(data, 32, split="val", features=("x", "y"), shuffle=False)
+           if config["validation"] else None)
+    history = model.fit(train, validation_data=val, epochs=args.epochs,
+                        callbacks=[Before(), s.callback, After()], verbose=0)
+    phase("finish")
+
+tmp = os.path.join(OUT, ".tmp-final.npz")
+with open(tmp, "wb") as f:
+    np.savez(f, *[np.asarray(w.numpy()) for w in model.weights])
+os.replace(tmp, os.path.join(OUT, "final.npz"))
+with open(os.path.join(OUT, "history.json"), "w") as f:
+    json.dump(history.history, f)

@@ -1,0 +1,408 @@
+"""Fault campaign: kill a memfit.session training at random instants, in every phase, and
+check that it ends bit-identical to an uninterrupted run.
+
+    .venv/bin/python benchmarks/faults.py                  # the full campaign (~15 min)
+    .venv/bin/python benchmarks/faults.py --fast --json F  # the variant `make test` runs
+
+Each configuration of benchmarks/fault_train.py (checkpoint_every dividing the epoch's
+steps and not, with and without validation and metrics, Dropout/BatchNormalization/
+augmentation, MirroredStrategy over two logical CPUs) is first run once, uninterrupted.
+Then, per run, the training is started again and again in a fresh workdir until it
+finishes; each of the first K processes is killed once. A kill picks a phase at random
+(start-up and import, model build, restore, a training step, an epoch's end with its
+validation and callbacks, a checkpoint write), waits for the process to enter it, and
+kills it after a delay drawn uniformly over that phase's length in the uninterrupted
+run: a random instant inside a random phase. The phase the process was really in at
+its death is read back from the file it keeps, and counted. After every kill the newest
+checkpoint must pass its checksums and load. At the end, weights and history must equal
+the uninterrupted run's bit for bit.
+
+SIGKILL kills use their own restart loop (like `while ! python train.py; do :; done`),
+not `memfit run`, whose crash-loop guard would rightly stop a run killed twice at the
+same place. SIGTERM (preemption) is sent two ways: to a plain `python fault_train.py`,
+and to `memfit run`, which passes it on; each must exit within its grace period after a
+checkpoint, and the next start must redo no step (the optimizer's step count at exit
+equals the one restored).
+
+Prints a markdown table; `--json` also writes every kill's record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TRAIN = HERE / "fault_train.py"
+PHASES = ("import", "build", "restore", "step", "epoch-end", "checkpoint")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
+
+
+def make_data(path: Path) -> None:
+    """The two small packed sets the training reads (each with train and val splits)."""
+    import memfit
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 16)).astype("float32")
+    y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype("int64")
+    memfit.pack({"x": x, "y": y}, path / "cls", shards=2, split="train=0.8,val=0.2",
+                progress=False)
+    xi = rng.normal(size=(800, 8, 8, 1)).astype("float32")
+    yi = np.argmax(xi.reshape(800, -1)[:, :4], axis=1).astype("int64")
+    memfit.pack({"x": xi, "y": yi}, path / "img", shards=2, split="train=0.8,val=0.2",
+                progress=False)
+
+
+def command(data: Path, out: Path, config: str, epochs: int) -> list[str]:
+    return [sys.executable, str(TRAIN), str(data), str(out), "--config", config,
+            "--epochs", str(epochs)]
+
+
+def read_phase(out: Path) -> tuple[str, int, int] | None:
+    """``(phase, pid, iterations)`` from the training's phase file."""
+    try:
+        with open(out / "phase", "rb") as f:
+            name, pid, iterations = f.read(64).decode().split()
+        return name, int(pid), int(iterations)
+    except (OSError, ValueError):
+        return None
+
+
+def phase_log(out: Path) -> list[tuple[float, int, str, int]]:
+    rows = []
+    with open(out / "phases.log") as f:
+        for line in f:
+            t, pid, name, iterations = line.split()
+            rows.append((float(t), int(pid), name, int(iterations)))
+    return rows
+
+
+def durations(out: Path, started: float) -> dict[str, float]:
+    """Mean length of each phase in an uninterrupted run (import: from the start)."""
+    spans: dict[str, list[float]] = collections.defaultdict(list)
+    rows = phase_log(out)
+    previous_t, previous = started, "import"
+    for t, _, name, _ in rows:
+        if name != previous or previous == "step":
+            spans[previous].append(t - previous_t)
+            previous_t, previous = t, name
+    spans["restore"] += spans.pop("restored", [])
+    return {name: float(np.mean(v)) for name, v in spans.items() if v}
+
+
+def finals(out: Path) -> tuple[list[np.ndarray], dict]:
+    with np.load(out / "final.npz") as f:
+        weights = [f[k] for k in f.files]
+    return weights, json.loads((out / "history.json").read_text())
+
+
+def identical(a: tuple, b: tuple) -> bool:
+    return (len(a[0]) == len(b[0])
+            and all(np.array_equal(x, y) for x, y in zip(a[0], b[0], strict=True))
+            and a[1] == b[1])
+
+
+def checkpoint_loads(workdir: Path) -> str | None:
+    """``None`` when the newest checkpoint passes its checksums and loads, else why."""
+    from memfit.supervise import CheckpointError, CheckpointStore
+
+    store = CheckpointStore(workdir / "checkpoints")
+    found = store.complete()
+    if not found:
+        return None
+    try:
+        ckpt = store.latest()
+    except CheckpointError as e:
+        return str(e)
+    if ckpt is None or ckpt.path != found[-1][1]:
+        return f"the newest checkpoint {found[-1][1].name} fails its checks"
+    try:
+        with h5py.File(ckpt.weights, "r") as f:
+            f.visititems(lambda n, o: o[()] if isinstance(o, h5py.Dataset) else None)
+        with np.load(ckpt.arrays) as arrays:
+            for key in arrays.files:
+                arrays[key]
+    except Exception as e:  # noqa: BLE001 - reported
+        return repr(e)
+    return None
+
+
+def hunt(proc: subprocess.Popen, out: Path, target: str, length: float,
+         rnd: random.Random) -> bool:
+    """Waits until ``proc`` is in phase ``target``, then sleeps a random part of
+    ``length``. Returns False if the process ended first."""
+    if target == "import":
+        time.sleep(rnd.uniform(0.0, length))
+        return proc.poll() is None
+    while proc.poll() is None:
+        now = read_phase(out)
+        if now is not None and now[1] == proc.pid and now[0] == target:
+            time.sleep(rnd.uniform(0.0, length))
+            return proc.poll() is None
+        time.sleep(0.002)
+    return False
+
+
+def wait(proc: subprocess.Popen, timeout: float) -> int | None:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def restored_iterations(out: Path, pid: int) -> int | None:
+    for _, p, name, iterations in phase_log(out):
+        if p == pid and name == "restored":
+            return iterations
+    return None
+
+
+def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
+             lengths: dict[str, float], rnd: random.Random, reference: tuple,
+             sig: int = signal.SIGKILL) -> dict:
+    """One run: start, kill (the first ``kills`` processes once each), start again,
+    until the training finishes. Returns what happened."""
+    out, wd = root / "out", root / "wd"
+    env = {**ENV, "MEMFIT_WORKDIR": str(wd)}
+    records: list[dict] = []
+    restarted = False
+    for _ in range(kills + 20):
+        proc = subprocess.Popen(command(data, out, config, epochs), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if len(records) < kills:
+            targets = PHASES if sig == signal.SIGKILL else ("step", "epoch-end",
+                                                            "checkpoint", "restore")
+            target = rnd.choice(targets)
+            if hunt(proc, out, target, lengths.get(target, 0.05), rnd):
+                before = read_phase(out)
+                sent = time.monotonic()
+                proc.send_signal(sig)
+                code = wait(proc, 60.0)
+                if code is None:
+                    proc.kill()
+                    code = proc.wait()
+                took = time.monotonic() - sent
+                at = read_phase(out)
+                died_in = at[0] if at and at[1] == proc.pid else "import"
+                if died_in == "restored":
+                    died_in = "restore"
+                record = {"config": config, "signal": signal.Signals(sig).name,
+                          "target": target, "phase": died_in,
+                          "after_restart": restarted, "exit": code,
+                          "seconds_to_exit": round(took, 3),
+                          "iterations": at[2] if at and at[1] == proc.pid else None,
+                          "phase_before": before[0] if before else None,
+                          "checkpoint_problem": checkpoint_loads(wd)}
+                records.append(record)
+                restarted = True
+                proc.stderr.close()
+                continue
+        stderr = proc.communicate()[1].decode(errors="replace")
+        if proc.returncode != 0:
+            return {"records": records, "finished": False,
+                    "error": f"exit {proc.returncode}: {stderr[-2000:]}"}
+        break
+    else:
+        return {"records": records, "finished": False, "error": "never finished"}
+    # Steps redone: trained steps at each death minus those the next process restored.
+    pids = [p for _, p, name, _ in phase_log(out) if name == "import"]
+    for record, nxt in zip(records, pids[1:], strict=False):
+        restored = restored_iterations(out, nxt)
+        if record["phase"] in ("import", "build", "restore"):
+            record["redone"] = 0            # nothing trained in that process yet
+        elif record["iterations"] is not None and restored is not None:
+            record["redone"] = record["iterations"] - restored
+    result = finals(out)
+    return {"records": records, "finished": True, "identical": identical(result, reference)}
+
+
+def sigterm_memfit_run(data: Path, root: Path, config: str, epochs: int, terms: int,
+                       lengths: dict[str, float], rnd: random.Random,
+                       reference: tuple) -> dict:
+    """SIGTERM to `memfit run` at a random instant of a random phase of its training
+    process, ``terms`` times; then `memfit run` again until the training finishes."""
+    out, wd = root / "out", root / "wd"
+    records: list[dict] = []
+    cmd = [sys.executable, "-m", "memfit", "run", "--workdir", str(wd), "--interval", "0.2",
+           "--", *command(data, out, config, epochs)]
+    for _ in range(terms + 5):
+        parent = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
+        if len(records) < terms:
+            target = rnd.choice(("step", "epoch-end", "checkpoint"))
+            while parent.poll() is None:
+                now = read_phase(out)
+                if now is not None and now[0] == target and now[1] != parent.pid \
+                        and _alive(now[1]):
+                    break
+                time.sleep(0.002)
+            if parent.poll() is None:
+                time.sleep(rnd.uniform(0.0, lengths.get(target, 0.05)))
+                sent = time.monotonic()
+                parent.send_signal(signal.SIGTERM)
+                code = wait(parent, 60.0)
+                took = time.monotonic() - sent
+                at = read_phase(out)
+                records.append({"config": config, "signal": "SIGTERM to memfit run",
+                                "target": target, "phase": at[0] if at else None,
+                                "exit": code, "seconds_to_exit": round(took, 3),
+                                "iterations": at[2] if at else None,
+                                "child": at[1] if at else None,
+                                "checkpoint_problem": checkpoint_loads(wd)})
+                parent.stderr.close()
+                continue
+        stderr = parent.communicate()[1].decode(errors="replace")
+        if parent.returncode != 0:
+            return {"records": records, "finished": False,
+                    "error": f"exit {parent.returncode}: {stderr[-2000:]}"}
+        break
+    rows = phase_log(out)
+    pids = list(dict.fromkeys(p for _, p, name, _ in rows if name == "import"))
+    for record in records:
+        child = record.get("child")
+        if child in pids and pids.index(child) + 1 < len(pids):
+            restored = restored_iterations(out, pids[pids.index(child) + 1])
+            if restored is not None and record["iterations"] is not None:
+                record["redone"] = record["iterations"] - restored
+    return {"records": records, "finished": True, "identical": identical(finals(out),
+                                                                           reference)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def campaign(configs: list[str], runs: int, kills: int, terms: int, epochs: int, seed: int,
+             work: Path, progress: bool = True) -> dict:
+    data = work / "data"
+    make_data(data)
+    rnd = random.Random(seed)
+    all_records: list[dict] = []
+    outcomes: list[dict] = []
+    for config in configs:
+        ref_root = work / config / "reference"
+        started = time.time()
+        subprocess.run(command(data, ref_root / "out", config, epochs), check=True,
+                       env={**ENV, "MEMFIT_WORKDIR": str(ref_root / "wd")},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        reference = finals(ref_root / "out")
+        lengths = durations(ref_root / "out", started)
+        plans = [("SIGKILL", i) for i in range(runs)]
+        plans += [("SIGTERM", 0), ("SIGTERM memfit run", 0)] if terms else []
+        for kind, i in plans:
+            root = work / config / f"{kind.replace(' ', '-')}-{i}"
+            if kind == "SIGKILL":
+                outcome = kill_run(data, root, config, epochs, kills, lengths, rnd, reference)
+            elif kind == "SIGTERM":
+                outcome = kill_run(data, root, config, epochs, terms, lengths, rnd, reference,
+                                   sig=signal.SIGTERM)
+            else:
+                outcome = sigterm_memfit_run(data, root, config, epochs, terms, lengths, rnd,
+                                             reference)
+            outcome.update(config=config, kind=kind)
+            outcomes.append(outcome)
+            all_records += outcome["records"]
+            if progress:
+                state = ("identical" if outcome.get("identical") else "DIFFERENT") \
+                    if outcome["finished"] else f"FAILED: {outcome['error'][-300:]}"
+                print(f"  {config:9s} {kind:19s} {len(outcome['records'])} signals: {state}",
+                      file=sys.stderr, flush=True)
+    return {"outcomes": outcomes, "records": all_records}
+
+
+def table(result: dict) -> str:
+    records = result["records"]
+    kills = [r for r in records if r["signal"] == "SIGKILL"]
+    terms = [r for r in records if r["signal"] != "SIGKILL"]
+    kill_runs = [o for o in result["outcomes"] if o["kind"] == "SIGKILL"]
+    survived = sum(len(o["records"]) for o in kill_runs if o["finished"] and o["identical"])
+    bad_ckpt = sum(1 for r in records if r["checkpoint_problem"])
+    term_runs = [o for o in result["outcomes"] if o["kind"] != "SIGKILL"]
+    redone = [r.get("redone") for r in terms]
+    measured = [x for x in redone if x is not None]
+    redone_text = (f"max {max(measured)}" if measured else "n/a") + \
+        ("" if len(measured) == len(redone) else " (some not measured)")
+    late = [r for r in terms if r["seconds_to_exit"] > 30.0]
+    lines = ["| figure | goal | measured |", "|---|---|---|",
+             f"| training kills survived bit-identical / total SIGKILLs | 100 % | "
+             f"{survived} / {len(kills)} ({100 * survived / max(1, len(kills)):.0f} %) |",
+             f"| unloadable checkpoints after any kill | 0 | {bad_ckpt} |",
+             f"| SIGTERM: runs ending bit-identical | 100 % | "
+             f"{sum(1 for o in term_runs if o['finished'] and o['identical'])} / "
+             f"{len(term_runs)} |",
+             f"| SIGTERM: steps redone after resume (over {len(terms)} SIGTERMs) | 0 | "
+             f"{redone_text} |",
+             f"| SIGTERM: exits later than the 30 s grace | 0 | {len(late)} |"]
+    phases = collections.Counter((r["phase"], r.get("after_restart", False)) for r in kills)
+    lines += ["", "| SIGKILL landed in phase | first process | restarted process |",
+              "|---|---|---|"]
+    for name in PHASES + ("finish",):
+        first, later = phases[(name, False)], phases[(name, True)]
+        if first or later:
+            lines.append(f"| {name} | {first} | {later} |")
+    per_config = collections.Counter(r["config"] for r in kills)
+    lines += ["", "| configuration | SIGKILLs | runs bit-identical |", "|---|---|---|"]
+    for config in dict.fromkeys(o["config"] for o in result["outcomes"]):
+        runs = [o for o in kill_runs if o["config"] == config]
+        ok = sum(1 for o in runs if o["finished"] and o["identical"])
+        lines.append(f"| {config} | {per_config[config]} | {ok} / {len(runs)} |")
+    steps_lost = [r["redone"] for r in kills if r.get("redone") is not None]
+    if steps_lost:
+        lines += ["", f"SIGKILL: steps trained again after a kill (work since the last "
+                      f"checkpoint): mean {np.mean(steps_lost):.1f}, max {max(steps_lost)}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default="divides,uneven,augment,mirrored")
+    p.add_argument("--runs", type=int, default=5, help="SIGKILL runs per configuration")
+    p.add_argument("--kills", type=int, default=5, help="SIGKILLs per run")
+    p.add_argument("--terms", type=int, default=2,
+                   help="SIGTERMs per preemption run (0: none)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fast", action="store_true",
+                   help="the make-test variant: two configurations, one run of 4 kills each, "
+                        "one SIGTERM run of each kind")
+    p.add_argument("--json", type=Path, help="write every kill's record here")
+    p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
+    args = p.parse_args(argv)
+    if args.fast:
+        args.configs, args.runs, args.kills, args.terms, args.epochs = \
+            "divides,augment", 1, 4, 1, 2
+    configs = [c for c in args.configs.split(",") if c]
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="memfit-faults-") as tmp:
+        work = args.workdir or Path(tmp)
+        result = campaign(configs, args.runs, args.kills, args.terms, args.epochs, args.seed,
+                          work)
+    result["seconds"] = round(time.time() - started, 1)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+    print(f"\n{len(result['records'])} signals in {result['seconds']:.0f} s "
+          f"(seed {args.seed}; configurations {', '.join(configs)})")
+    failed = [o for o in result["outcomes"] if not (o["finished"] and o["identical"])]
+    bad = [r for r in result["records"] if r["checkpoint_problem"]]
+    return 1 if failed or bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
