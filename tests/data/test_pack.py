@@ -83,14 +83,15 @@ def test_npy_inputs_are_memory_mapped_and_npz_and_csv_work(tmp_path, monkeypatch
     assert not any(".tmp-" in p.name for p in (tmp_path / "c").iterdir())
 
     # overwrite=True clears the old dataset, not the CSV conversion this call just made
-    prepare, seen = pack_module._prepare_output, []
+    prepare, seen = pack_module.prepare_output, []
 
-    def spy(out, overwrite, fingerprint):
-        state = prepare(out, overwrite, fingerprint)
-        seen.append(sorted(p.name for p in (out / pack_module.CSV_TMP).iterdir()))
+    def spy(out, overwrite, fingerprint, keep=()):
+        state = prepare(out, overwrite, fingerprint, keep)
+        (conversion,) = keep
+        seen.append(sorted(p.name for p in (out / conversion).iterdir()))
         return state
 
-    monkeypatch.setattr(pack_module, "_prepare_output", spy)
+    monkeypatch.setattr(pack_module, "prepare_output", spy)
     memfit.pack(csv=str(csv), output=tmp_path / "c", label="target", shuffle=False,
                 overwrite=True, progress=False)
     assert seen == [["x.npy", "y.npy"]]

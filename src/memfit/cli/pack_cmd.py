@@ -13,6 +13,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import signal
 
 from memfit.data.pack import pack
 from memfit.errors import DatasetError
@@ -64,6 +65,11 @@ def _source(inputs: list[str]) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Past `ulimit -f`, write() must fail with EFBIG (reported, nothing half written), not
+    # kill the process (SIGXFSZ's default). CPython ignores it already; an embedding host or
+    # a parent that reset it may not have.
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if bool(args.inputs) == bool(args.csv):
         raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, or --csv FILE (one of them). "
                            f"Received: inputs={args.inputs}, --csv={args.csv!r}")

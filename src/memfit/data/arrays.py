@@ -42,15 +42,15 @@ import math
 import mmap
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memfit._version import __version__
-from memfit.atomic import temporary_name, write_text_atomic
-from memfit.data.manifest import MANIFEST, Feature
+from memfit.atomic import file_sha256, temporary_name, write_text_atomic
+from memfit.data.manifest import MANIFEST, Feature, ManifestSchema
 from memfit.data.pipeline import (
     BufferPool,
     RecyclingBuffers,
@@ -193,26 +193,33 @@ class ArraysManifest:
         file = path if path.name == MANIFEST else path / MANIFEST
         if not file.exists():
             raise DatasetError(f"No memfit dataset at {str(path)!r}: {MANIFEST} is missing.")
-        try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-            if doc.get("format") != FORMAT:
-                raise DatasetError(f"{file} is not a memfit arrays manifest "
-                                   f"(format={doc.get('format')!r}).")
-            if doc["format_version"] > FORMAT_VERSION:
-                raise DatasetError(f"{file} has format_version={doc['format_version']}, newer "
-                                   f"than this memfit reads ({FORMAT_VERSION}); upgrade memfit.")
-            features = {n: Feature(n, f["dtype"], tuple(f["shape"]))
-                        for n, f in doc["features"].items()}
-            splits = {n: ArraysSplit(n, int(s["samples"]),
-                                     {f: ArrayFile(**a) for f, a in s["files"].items()})
-                      for n, s in doc["splits"].items()}
-            return cls(features=features, splits=splits, seed=int(doc["seed"]),
-                       shuffled=bool(doc["shuffled"]), memfit_version=doc["memfit_version"],
-                       source=doc.get("source", ""), path=file.parent)
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, DatasetError):
-                raise
-            raise DatasetError(f"{file} is damaged or not a memfit manifest: {e!r}") from e
+        schema = ManifestSchema(file)
+        doc = schema.document(FORMAT, FORMAT_VERSION)
+        features = schema.features(doc, variable=False)
+        splits = {}
+        listed = schema.mapping(schema.field(doc, "splits"), "splits", nonempty=True)
+        for name, s in listed.items():
+            where = f"splits.{name}"
+            s = schema.mapping(s, where)
+            files = {}
+            for f, a in schema.mapping(schema.field(s, "files", where), f"{where}.files",
+                                       nonempty=True).items():
+                at = f"{where}.files.{f}"
+                a = schema.mapping(a, at)
+                files[f] = ArrayFile(file=schema.file_name(schema.field(a, "file", at),
+                                                           f"{at}.file"),
+                                     bytes=schema.count(a, "bytes", at),
+                                     sha256=schema.sha256(schema.field(a, "sha256", at),
+                                                          f"{at}.sha256"))
+            if set(files) != set(features):
+                raise schema.error(f"{where}.files", sorted(files),
+                                   f"one file per feature {sorted(features)}")
+            splits[name] = ArraysSplit(name, schema.count(s, "samples", where, positive=True),
+                                       files)
+        return cls(features=features, splits=splits, seed=schema.count(doc, "seed"),
+                   shuffled=schema.flag(doc, "shuffled"),
+                   memfit_version=schema.text(doc, "memfit_version"),
+                   source=schema.text(doc, "source", default=""), path=file.parent)
 
 
 def manifest_format(path: str | os.PathLike) -> str | None:
@@ -853,8 +860,12 @@ class _NpyWriter:
         return ArrayFile(file="", bytes=self.bytes, sha256=self._sha.hexdigest())
 
     def abandon(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
+        try:
+            self._file.close()          # may fail again (a full disk fails the flush too)
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _write_split(src: ArraySource, out: Path, split: str, idx: np.ndarray,
@@ -883,7 +894,8 @@ def _write_split(src: ArraySource, out: Path, split: str, idx: np.ndarray,
 
 
 def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options: dict,
-                overwrite: bool, progress: bool) -> tuple[ArraysManifest, int]:
+                overwrite: bool, progress: bool,
+                keep: Collection[str] = ()) -> tuple[ArraysManifest, int]:
     """Writes ``src`` as a "memfit-arrays" directory (``memfit.pack(..., format="arrays")``
     calls this after validating its arguments).
 
@@ -891,11 +903,12 @@ def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options
     shuffled order when ``options["shuffle"]`` (else in source order). Each file is written
     to a temporary name and renamed; ``manifest.json`` comes last. An interrupted pack
     rerun with the same arguments keeps the splits whose files' sha256 still match.
+    ``keep``: names in ``out`` this call made and still needs (its CSV conversion).
 
     Returns:
         The manifest written and the number of files kept from an interrupted run.
     """
-    from memfit.data.pack import STATE, _prepare_output, _progress_bar, _sha256, _split_counts
+    from memfit.data.pack import STATE, prepare_output, progress_bar, split_counts
 
     if any(f.variable for f in src.features.values()):
         names = [f.name for f in src.features.values() if f.variable]
@@ -904,12 +917,12 @@ def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options
                            f"pad them. Received: variable={names}")
     if overwrite:
         remove_arrays_dataset(out)
-    state = _prepare_output(out, overwrite, fingerprint)
+    state = prepare_output(out, overwrite, fingerprint, keep)
     n = src.length
     rng = np.random.default_rng(options["seed"])
     order = rng.permutation(n) if (options["shuffle"] or options["split"]) else np.arange(n)
     fractions = {"train": 1.0} if options["split"] is None else options["split"]
-    counts = _split_counts(n, fractions)
+    counts = split_counts(n, fractions)
     jobs = []
     start = 0
     for name, count in counts.items():
@@ -923,7 +936,9 @@ def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options
     for name, _ in jobs:
         for f in src.features:
             rel = f"{name}/{f}.npy"
-            if (out / rel).exists() and rel not in done:
+            # A resumed pack may have renamed a file into place and been killed before
+            # recording it: it is rewritten. Otherwise the file is someone else's.
+            if (out / rel).exists() and rel not in done and not state.get("resumed"):
                 raise DatasetError(f"{str(out / rel)!r} already exists and memfit did not write "
                                    f"it; choose an empty output directory or pass "
                                    f"overwrite=True (--overwrite).")
@@ -934,14 +949,14 @@ def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options
             rel = f"{name}/{f}.npy"
             info = done.get(rel)
             if info is None or not (out / rel).is_file() \
-                    or _sha256(out / rel) != info["sha256"]:
+                    or file_sha256(out / rel) != info["sha256"]:
                 return None
             files[f] = ArrayFile(file=rel, bytes=int(info["bytes"]), sha256=info["sha256"])
         return files
 
     splits: dict[str, ArraysSplit] = {}
     reused = 0
-    bar = _progress_bar(n, progress, f"pack {out.name}")
+    bar = progress_bar(n, progress, f"pack {out.name}")
     try:
         for name, idx in jobs:
             files = kept(name)

@@ -31,8 +31,8 @@ from memfit.atomic import write_text_atomic
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 
-__all__ = ["Feature", "Shard", "Split", "Manifest", "MANIFEST", "FORMAT", "FORMAT_VERSION",
-           "SUPPORTED_DTYPES", "shard_name"]
+__all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestSchema", "MANIFEST", "FORMAT",
+           "FORMAT_VERSION", "SUPPORTED_DTYPES", "shard_name"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
@@ -197,6 +197,10 @@ class Manifest:
     def load(cls, directory: str | os.PathLike) -> Manifest:
         """Reads ``DIRECTORY/manifest.json`` (or a path to the manifest itself).
 
+        Every field is checked (:class:`ManifestSchema`): a manifest with a negative or
+        non-numeric count, a split whose counts do not add up, or a document that is not
+        a JSON object is refused, naming the field and the value.
+
         Raises:
             DatasetError: if there is no complete memfit dataset there.
         """
@@ -208,25 +212,171 @@ class Manifest:
                     and any(path.glob("*.tfrecord*")) else "")
             raise DatasetError(f"No memfit dataset at {str(path)!r}: {MANIFEST} is missing."
                                f"{hint}")
+        schema = ManifestSchema(file)
+        doc = schema.document(FORMAT, FORMAT_VERSION)
+        features = schema.features(doc)
+        splits = {}
+        listed = schema.mapping(schema.field(doc, "splits"), "splits", nonempty=True)
+        for name, s in listed.items():
+            where = f"splits.{name}"
+            s = schema.mapping(s, where)
+            shards = []
+            raw = schema.field(s, "shards", where)
+            if not isinstance(raw, list) or not raw:
+                raise schema.error(f"{where}.shards", raw, "a non-empty list of shards")
+            for i, sh in enumerate(raw):
+                at = f"{where}.shards[{i}]"
+                sh = schema.mapping(sh, at)
+                shards.append(Shard(file=schema.file_name(schema.field(sh, "file", at),
+                                                          f"{at}.file"),
+                                    samples=schema.count(sh, "samples", at, positive=True),
+                                    records=schema.count(sh, "records", at, positive=True),
+                                    bytes=schema.count(sh, "bytes", at),
+                                    sha256=schema.sha256(schema.field(sh, "sha256", at),
+                                                         f"{at}.sha256")))
+            split = Split(name, schema.count(s, "samples", where),
+                          schema.count(s, "records", where),
+                          schema.count(s, "raw_bytes", where), tuple(shards))
+            for what in ("samples", "records"):
+                total = sum(getattr(sh, what) for sh in shards)
+                if getattr(split, what) != total:
+                    raise schema.error(f"{where}.{what}", getattr(split, what),
+                                       f"the sum over its shards ({total})")
+            splits[name] = split
+        compression = schema.field(doc, "compression")
+        if compression not in (None, "GZIP", "ZLIB"):
+            raise schema.error("compression", compression, "null, \"GZIP\" or \"ZLIB\"")
+        return cls(features=features, splits=splits,
+                   samples_per_record=schema.count(doc, "samples_per_record", positive=True),
+                   compression=compression, seed=schema.count(doc, "seed"),
+                   shuffled=schema.flag(doc, "shuffled"),
+                   memfit_version=schema.text(doc, "memfit_version"),
+                   source=schema.text(doc, "source", default=""), path=file.parent)
+
+
+class ManifestSchema:
+    """Reads a ``manifest.json`` field by field, each checked: the one place where both
+    manifest formats (TFRecord shards and ``.npy`` arrays) are validated, so that every
+    error names the file, the field and the value, and says what to do.
+
+    Example:
+        >>> schema = ManifestSchema("data/train/manifest.json")        # doctest: +SKIP
+        >>> doc = schema.document(FORMAT, FORMAT_VERSION)               # doctest: +SKIP
+        >>> schema.count(doc, "seed")                                   # doctest: +SKIP
+        0
+    """
+
+    def __init__(self, file: str | os.PathLike):
+        self.file = Path(file)
+
+    def error(self, where: str, value: Any, want: str) -> DatasetError:
+        """The error for field ``where`` holding ``value`` instead of ``want``."""
+        shown = json.dumps(value) if _jsonable(value) else repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return DatasetError(f"{self.file} is damaged: {where} is {shown}, not {want}. Pack the "
+                            f"dataset again (memfit pack) or restore {MANIFEST} from a copy.")
+
+    def document(self, fmt: str, version: int) -> dict[str, Any]:
+        """The parsed JSON object, checked to be a manifest of ``fmt`` this memfit reads."""
         try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-            if doc.get("format") != FORMAT:
-                raise DatasetError(f"{file} is not a memfit manifest "
-                                   f"(format={doc.get('format')!r}).")
-            if doc["format_version"] > FORMAT_VERSION:
-                raise DatasetError(f"{file} has format_version={doc['format_version']}, newer "
-                                   f"than this memfit reads ({FORMAT_VERSION}); upgrade memfit.")
-            features = {n: Feature(n, f["dtype"], tuple(f["shape"]))
-                        for n, f in doc["features"].items()}
-            splits = {n: Split(n, s["samples"], s["records"], s["raw_bytes"],
-                               tuple(Shard(**sh) for sh in s["shards"]))
-                      for n, s in doc["splits"].items()}
-            return cls(features=features, splits=splits,
-                       samples_per_record=int(doc["samples_per_record"]),
-                       compression=doc["compression"], seed=int(doc["seed"]),
-                       shuffled=bool(doc["shuffled"]), memfit_version=doc["memfit_version"],
-                       source=doc.get("source", ""), path=file.parent)
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, DatasetError):
-                raise
-            raise DatasetError(f"{file} is damaged or not a memfit manifest: {e!r}") from e
+            doc = json.loads(self.file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise DatasetError(f"{self.file} is damaged or not a memfit manifest ({e}). Pack "
+                               f"the dataset again (memfit pack) or restore {MANIFEST} from a "
+                               f"copy.") from None
+        if not isinstance(doc, dict):
+            raise DatasetError(f"{self.file} is not a memfit manifest: it holds a JSON "
+                               f"{type(doc).__name__} ({json.dumps(doc)[:40]}), not an object. "
+                               f"Pack the dataset again (memfit pack) or restore {MANIFEST} "
+                               f"from a copy.")
+        if doc.get("format") != fmt:
+            raise DatasetError(f"{self.file} is not a {fmt} manifest "
+                               f"(format={doc.get('format')!r}).")
+        got = self.count(doc, "format_version", positive=True)
+        if got > version:
+            raise DatasetError(f"{self.file} has format_version={got}, newer than this memfit "
+                               f"reads ({version}); upgrade memfit.")
+        return doc
+
+    def field(self, doc: dict[str, Any], key: str, where: str = "", default: Any = ...) -> Any:
+        """``doc[key]``; a missing key is an error (unless ``default`` is given)."""
+        if key not in doc:
+            if default is not ...:
+                return default
+            name = f"{where}.{key}" if where else key
+            raise DatasetError(f"{self.file} is damaged: {name} is missing. Pack the dataset "
+                               f"again (memfit pack) or restore {MANIFEST} from a copy.")
+        return doc[key]
+
+    def mapping(self, value: Any, where: str, *, nonempty: bool = False) -> dict[str, Any]:
+        """``value`` (field ``where``) checked to be a JSON object."""
+        if not isinstance(value, dict) or (nonempty and not value):
+            raise self.error(where, value, "a non-empty object" if nonempty else "an object")
+        return value
+
+    def count(self, doc: dict[str, Any], key: str, where: str = "", *,
+              positive: bool = False) -> int:
+        """``doc[key]`` checked to be a non-negative (or positive) integer."""
+        value = self.field(doc, key, where)
+        if isinstance(value, bool) or not isinstance(value, int) or value < int(positive):
+            name = f"{where}.{key}" if where else key
+            raise self.error(name, value, "a positive integer" if positive
+                             else "a non-negative integer")
+        return value
+
+    def text(self, doc: dict[str, Any], key: str, where: str = "", default: Any = ...) -> str:
+        value = self.field(doc, key, where, default)
+        if not isinstance(value, str):
+            raise self.error(f"{where}.{key}" if where else key, value, "a string")
+        return value
+
+    def flag(self, doc: dict[str, Any], key: str, where: str = "") -> bool:
+        value = self.field(doc, key, where)
+        if not isinstance(value, bool):
+            raise self.error(f"{where}.{key}" if where else key, value, "true or false")
+        return value
+
+    def file_name(self, value: Any, where: str) -> str:
+        """A data file's path relative to the dataset directory (no ``..``, not absolute)."""
+        if not isinstance(value, str) or not value or value.startswith("/") \
+                or ".." in Path(value).parts:
+            raise self.error(where, value, "a file name inside the dataset directory")
+        return value
+
+    def sha256(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or len(value) != 64 \
+                or any(c not in "0123456789abcdef" for c in value):
+            raise self.error(where, value, "a sha256 (64 lowercase hex digits)")
+        return value
+
+    def features(self, doc: dict[str, Any], *, variable: bool = True) -> dict[str, Feature]:
+        """The ``features`` object: names → supported dtype and a shape of non-negative
+        integers (a ``null`` first dimension, variable, only where ``variable``)."""
+        out = {}
+        for name, f in self.mapping(self.field(doc, "features"), "features",
+                                          nonempty=True).items():
+            where = f"features.{name}"
+            f = self.mapping(f, where)
+            dtype = self.field(f, "dtype", where)
+            if dtype not in SUPPORTED_DTYPES:
+                raise self.error(f"{where}.dtype", dtype, f"one of {', '.join(SUPPORTED_DTYPES)}")
+            shape = self.field(f, "shape", where)
+            ok = isinstance(shape, list) and all(
+                (d is None and i == 0 and variable)
+                or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
+                for i, d in enumerate(shape))
+            if not ok:
+                raise self.error(f"{where}.shape", shape,
+                                 "a list of positive integers"
+                                 + (" (the first may be null)" if variable else ""))
+            out[name] = Feature(name, dtype, tuple(shape))
+        return out
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -21,23 +21,26 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import errno
 import gzip
 import hashlib
 import json
 import math
 import multiprocessing
 import os
+import re
+import resource
 import shutil
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memfit._version import __version__
-from memfit.atomic import TMP_MARK, temporary_name, write_text_atomic
+from memfit.atomic import TMP_MARK, file_sha256, temporary_name, write_text_atomic
 from memfit.data.manifest import MANIFEST, Feature, Manifest, Shard, Split, shard_name
 from memfit.data.records import LENGTHS_SUFFIX, encode_example, frame
 from memfit.data.sources import ArraySource, StreamSource, csv_to_npy, open_source
@@ -128,7 +131,7 @@ def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | N
     return split
 
 
-def _split_counts(n: int, split: dict[str, float]) -> dict[str, int]:
+def split_counts(n: int, split: dict[str, float]) -> dict[str, int]:
     raw = {k: n * v for k, v in split.items()}
     counts = {k: int(math.floor(v)) for k, v in raw.items()}
     short = n - sum(counts.values())          # largest remainders get the leftover samples
@@ -191,8 +194,12 @@ class _ShardWriter:
         return shard, self.raw_bytes
 
     def abandon(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
+        try:
+            self._file.close()          # may fail again (a full disk fails the flush too)
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _encode_block(block: Mapping[str, Any], features: Mapping[str, Feature]) -> tuple[bytes, int]:
@@ -241,47 +248,181 @@ def _process_job(paths: dict[str, str], variable: list[str], indices: np.ndarray
     return _write_indexed_shard(source, indices, Path(path), k, compression)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+# A temporary name made by memfit.atomic.temporary_name: ".tmp-<pid>-<name>".
+_TEMPORARY = re.compile(rf"^{re.escape(TMP_MARK)}(\d+)-")
 
 
-CSV_TMP = f"{TMP_MARK}csv"     # a CSV source converted to .npy files, for one pack() call
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
-def _prepare_output(out: Path, overwrite: bool, fingerprint: str | None) -> dict[str, Any]:
-    """Checks the output directory; returns the resumable state (shards already done)."""
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def _clear_stale_temporaries(out: Path, keep: Collection[str]) -> None:
+    """Deletes the temporary files (``.tmp-<pid>-...``, in ``out`` and its split
+    subdirectories) of packs that were killed: a rerun must not leave them behind.
+
+    Raises:
+        DatasetError: if one belongs to a process still running (another pack writing
+            into the same directory).
+    """
+    dirs = [out] + [p for p in out.iterdir() if p.is_dir() and not p.is_symlink()
+                    and not p.name.startswith(TMP_MARK)]
+    for d in dirs:
+        for p in d.iterdir():
+            match = _TEMPORARY.match(p.name)
+            if match is None or p.name in keep:
+                continue
+            pid = int(match.group(1))
+            if pid != os.getpid() and _running(pid):
+                raise DatasetError(
+                    f"{str(p)!r} is being written by another process (pid {pid}, still "
+                    f"running): two packs into one directory would mix their files. Wait "
+                    f"for it to finish, or stop it, then rerun this command.")
+            _remove(p)
+
+
+def _read_state(out: Path) -> dict[str, Any] | None:
+    state_file = out / STATE
+    if not state_file.exists():
+        return None
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        state = None
+    if not isinstance(state, dict):
+        raise DatasetError(f"{str(state_file)!r}, the record of an interrupted pack, is "
+                           f"damaged; pass overwrite=True (--overwrite) to start over.")
+    return state
+
+
+def prepare_output(out: Path, overwrite: bool, fingerprint: str | None,
+                    keep: Collection[str] = ()) -> dict[str, Any]:
+    """Checks the output directory; returns the resumable state (shards already done).
+
+    ``keep``: names in ``out`` that this call made and still needs (its CSV conversion).
+    The state of a fresh pack is written at once, so that a pack killed at any instant
+    can be finished by rerunning it; a resumed state has ``"resumed": True``.
+    """
     if out.exists() and not out.is_dir():
-        raise DatasetError(f"The output {str(out)!r} is a file, not a directory.")
+        raise DatasetError(f"The output {str(out)!r} is a file, not a directory. Choose a "
+                           f"directory (it is created if missing).")
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise DatasetError(f"The output directory {str(out)!r} is not writable.")
-    # This run's CSV conversion (CSV_TMP) is not ours to delete: pack() made it just
-    # before, reads it, and removes it when done.
-    ours = [p for p in out.iterdir() if p.name != CSV_TMP and (
+    _clear_stale_temporaries(out, keep)
+    ours = [p for p in out.iterdir() if p.name not in keep and (
             p.name in (MANIFEST, STATE) or ".tfrecord" in p.name or p.name.startswith(TMP_MARK))]
     if overwrite:
         for p in ours:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return {}
+            _remove(p)
+        return _start_state(out, fingerprint)
+    state = _read_state(out)
+    if state is not None and fingerprint is not None and state.get("fingerprint") == fingerprint:
+        # Interrupted, perhaps after the manifest was written (the state goes last).
+        return {**state, "resumed": True}
     if (out / MANIFEST).exists():
         raise DatasetError(f"{str(out)!r} already holds a complete memfit dataset. Choose another "
                            f"output directory, or pass overwrite=True (--overwrite) to replace it.")
-    state_file = out / STATE
-    if state_file.exists():
-        state = json.loads(state_file.read_text())
-        if fingerprint is not None and state.get("fingerprint") == fingerprint:
-            return state
+    if state is not None:
         raise DatasetError(f"{str(out)!r} holds an interrupted pack of different data or options; "
                            f"rerun that pack command to finish it, or pass overwrite=True "
                            f"(--overwrite) to start over.")
     if any(".tfrecord" in p.name for p in ours):
         raise DatasetError(f"{str(out)!r} already holds TFRecord shards that memfit did not "
                            f"start; choose an empty directory or pass overwrite=True.")
-    return {}
+    return _start_state(out, fingerprint)
+
+
+def _start_state(out: Path, fingerprint: str | None) -> dict[str, Any]:
+    if fingerprint is None:         # an iterable: a rerun cannot tell it is the same data
+        return {}
+    state = {"fingerprint": fingerprint}
+    write_text_atomic(out / STATE, json.dumps(state))
+    return state
+
+
+def _check_output(out: Path) -> list[Path]:
+    """Refuses an output path that cannot be a directory, before anything is written.
+
+    Returns:
+        The directories that do not exist yet, outermost first (this call creates them,
+        and removes them again if it fails).
+    """
+    missing = []
+    p = out.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():
+        if not missing:
+            raise DatasetError(f"The output {str(out)!r} is a file, not a directory. Choose a "
+                               f"directory (it is created if missing). Received: "
+                               f"output={str(out)!r}")
+        raise DatasetError(f"Cannot create the output directory {str(out)!r}: {str(p)!r} is a "
+                           f"file, not a directory. Choose a path under a directory. Received: "
+                           f"output={str(out)!r}")
+    if not os.access(p, os.W_OK | os.X_OK):
+        what = "output directory" if not missing else "directory that would hold the output"
+        raise DatasetError(f"The {what} {str(p)!r} is not writable. Choose another output "
+                           f"directory. Received: output={str(out)!r}")
+    return missing[::-1]
+
+
+def _undo(out: Path, made: list[Path], before: set[str], resuming: bool,
+          overwrite: bool) -> None:
+    """Removes what a failed pack call wrote, and nothing else: the directories it made;
+    else the files it added (a resumed pack keeps its finished shards for the next try)."""
+    if made:
+        _remove(made[0])
+        return
+    if not out.is_dir():
+        return
+    mine = re.compile(rf"^{re.escape(TMP_MARK)}{os.getpid()}-")
+    for p in out.iterdir():
+        if mine.match(p.name):
+            _remove(p)
+        elif resuming and not overwrite:
+            continue
+        elif p.name not in before or (overwrite and (p.name in (MANIFEST, STATE)
+                                                     or ".tfrecord" in p.name)):
+            _remove(p)
+
+
+def _write_failed(e: OSError, out: Path, kept: bool) -> DatasetError:
+    """The error for a pack that the disk stopped (full, over the file-size limit...)."""
+    left = ("the shards finished before are kept: rerun the same command to resume"
+            if kept else "nothing of this pack was kept")
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return DatasetError(f"The disk (or quota) holding {str(out)!r} is full ({e.strerror}); "
+                            f"{left}. Free space there or choose another output directory, "
+                            f"then rerun.")
+    if e.errno == errno.EFBIG:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else format_size(soft)
+        return DatasetError(f"A file grew past this process's file-size limit ({limit}, "
+                            f"`ulimit -f`) while packing into {str(out)!r}; {left}. Raise the "
+                            f"limit (`ulimit -f unlimited`) or write smaller shards "
+                            f"(shard_size=..., --shard-size 64MiB), then rerun.")
+    where = f" ({e.filename})" if e.filename else ""
+    return DatasetError(f"Packing into {str(out)!r} failed: {e.strerror or e}{where}; {left}. "
+                        f"Fix the cause or choose another output directory, then rerun.")
 
 
 def pack(source: Any = None, output: str | os.PathLike = "", *,
@@ -390,46 +531,60 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
                                f"source of type {type(source).__name__}")
     fractions = parse_split(split)
     buffer_bytes = parse_size(shuffle_buffer, name="shuffle_buffer")
-
-    csv_dir = out / CSV_TMP
-    if csv is not None:
-        if not Path(csv).is_file():
-            raise DatasetError(f"No such CSV file: {csv!r}.")
-        out.mkdir(parents=True, exist_ok=True)
-        paths = csv_to_npy(csv, csv_dir, label=label)
-        src: ArraySource | StreamSource = open_source(paths)
-        src.description = csv
-    else:
-        src = open_source(source, variable=variable)
-    options = dict(shards=shards, shard_bytes=shard_bytes, k=samples_per_record,
-                   compression=compression, split=fractions, seed=seed, shuffle=shuffle,
-                   features={n: f.to_json() for n, f in src.features.items()})
-    if format == "arrays":
-        options["format"] = "arrays"
-    if isinstance(src, ArraySource):
-        fingerprint = hashlib.sha256((src.fingerprint() + json.dumps(options, sort_keys=True)
-                                      ).encode()).hexdigest()
-    else:
-        fingerprint = None
+    made = _check_output(out)
+    before = set(os.listdir(out)) if not made else set()
+    resuming = (out / STATE).is_file()
+    csv_dir = temporary_name(out / "csv")    # a CSV source converted to .npy, for this call
     manifest: Manifest | ArraysManifest
     try:
+        if csv is not None:
+            if not Path(csv).is_file():
+                raise DatasetError(f"No such CSV file: {csv!r}.")
+            paths = csv_to_npy(csv, csv_dir, label=label)     # checks every cell first
+            src: ArraySource | StreamSource = open_source(paths)
+            src.description = csv
+        else:
+            src = open_source(source, variable=variable)
+        if isinstance(src, ArraySource):
+            for name, count in split_counts(src.length, fractions or {"train": 1.0}).items():
+                if count == 0:
+                    raise DatasetError(f"split {name!r} gets no samples out of {src.length}; "
+                                       f"use fewer splits or more data. Received: "
+                                       f"split={fractions}")
+        options = dict(shards=shards, shard_bytes=shard_bytes, k=samples_per_record,
+                       compression=compression, split=fractions, seed=seed, shuffle=shuffle,
+                       features={n: f.to_json() for n, f in src.features.items()})
+        if format == "arrays":
+            options["format"] = "arrays"
+        if isinstance(src, ArraySource):
+            fingerprint = hashlib.sha256((src.fingerprint() + json.dumps(options, sort_keys=True)
+                                          ).encode()).hexdigest()
+        else:
+            fingerprint = None
+        keep = {csv_dir.name}
         if format == "arrays":
             from memfit.data.arrays import pack_arrays
 
             assert isinstance(src, ArraySource)
             manifest, kept = pack_arrays(src, out, fingerprint=fingerprint, options=options,
-                                         overwrite=overwrite, progress=progress)
+                                         overwrite=overwrite, progress=progress, keep=keep)
         else:
             if overwrite:       # an arrays dataset there: its .npy files go too
                 from memfit.data.arrays import remove_arrays_dataset
 
                 remove_arrays_dataset(out)
-            state = _prepare_output(out, overwrite, fingerprint)
+            state = prepare_output(out, overwrite, fingerprint, keep)
             if isinstance(src, ArraySource):
                 manifest, kept = _pack_arrays(src, out, state, fingerprint, options, workers,
                                               progress)
             else:
                 manifest, kept = _pack_stream(src, out, options, buffer_bytes, progress), 0
+    except OSError as e:        # the disk is full, a file-size limit...: nothing half written
+        _undo(out, made, before, resuming, overwrite)
+        raise _write_failed(e, out, kept=resuming and not overwrite) from e
+    except Exception:           # bad input found on the way (a ragged iterable...)
+        _undo(out, made, before, resuming, overwrite)
+        raise
     finally:
         shutil.rmtree(csv_dir, ignore_errors=True)
     (out / STATE).unlink(missing_ok=True)
@@ -444,7 +599,7 @@ def _split(name: str, shards: list[tuple[Shard, int]]) -> Split:
                  raw_bytes=sum(r for _, r in shards), shards=tuple(s for s, _ in shards))
 
 
-def _progress_bar(total: int | None, enabled: bool, what: str):
+def progress_bar(total: int | None, enabled: bool, what: str):
     from tqdm import tqdm
 
     return tqdm(total=total, disable=not enabled, unit=" samples", unit_scale=True,
@@ -457,7 +612,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
     rng = np.random.default_rng(options["seed"])
     order = rng.permutation(n) if (options["shuffle"] or options["split"]) else np.arange(n)
     split_names = {"train": 1.0} if options["split"] is None else options["split"]
-    counts = _split_counts(n, split_names)
+    counts = split_counts(n, split_names)
     fixed = sum(f.sample_bytes or 0 for f in src.features.values())
     variable_bytes = 0.0
     if any(f.variable for f in src.features.values()):
@@ -497,7 +652,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
     done: dict[str, dict] = {}
     kept = 0
     for file, info in state.get("shards", {}).items():
-        if (out / file).exists() and _sha256(out / file) == info["shard"]["sha256"]:
+        if (out / file).exists() and file_sha256(out / file) == info["shard"]["sha256"]:
             done[file] = info
             kept += 1
     results: dict[str, tuple[Shard, int]] = {
@@ -513,7 +668,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
     compression = options["compression"]
     todo = [(s, i, c, idx) for s, i, c, idx in jobs
             if shard_name(s, i, c, compression) not in results]
-    bar = _progress_bar(n, progress, f"pack {out.name}")
+    bar = progress_bar(n, progress, f"pack {out.name}")
     bar.update(n - sum(len(j[3]) for j in todo))
     try:
         if workers == 1 or len(todo) <= 1:
@@ -540,10 +695,14 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
                         fut = pool.submit(_write_indexed_shard, src, idx, out / file, k,
                                           compression)
                     futures[fut] = (file, len(idx))
-                for fut in cf.as_completed(futures):
-                    file, count = futures[fut]
-                    record(file, fut.result())
-                    bar.update(count)
+                try:
+                    for fut in cf.as_completed(futures):
+                        file, count = futures[fut]
+                        record(file, fut.result())
+                        bar.update(count)
+                except BaseException:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
     finally:
         bar.close()
 
@@ -575,7 +734,7 @@ def _pack_stream(src: StreamSource, out: Path, options: dict, buffer_bytes: int,
     pending: dict[str, list[dict]] = {s: [] for s in names}
     writers: dict[str, _ShardWriter | None] = {s: None for s in names}
     finished: dict[str, list[tuple[Shard, int]]] = {s: [] for s in names}
-    bar = _progress_bar(None, progress, f"pack {out.name}")
+    bar = progress_bar(None, progress, f"pack {out.name}")
 
     def sample_nbytes(s: dict) -> int:
         return sum(v.nbytes for v in s.values())
@@ -589,7 +748,8 @@ def _pack_stream(src: StreamSource, out: Path, options: dict, buffer_bytes: int,
         payload, raw_bytes = _encode_block(block, src.features)
         if writers[name] is None:
             part = len(finished[name])
-            writers[name] = _ShardWriter(out / f"{TMP_MARK}{name}-{part:05d}.part", compression)
+            writers[name] = _ShardWriter(temporary_name(out / f"{name}-{part:05d}.part"),
+                                         compression)
         w = writers[name]
         w.add(payload, len(block_samples), raw_bytes)
         pending[name] = []
@@ -634,16 +794,19 @@ def _pack_stream(src: StreamSource, out: Path, options: dict, buffer_bytes: int,
         for w in writers.values():
             if w is not None:
                 w.abandon()
-        for p in out.glob(f"{TMP_MARK}*.part"):
+        for p in out.glob(f"{TMP_MARK}{os.getpid()}-*.part"):
             p.unlink()
         raise
     finally:
         bar.close()
-    splits = {}
-    for name in names:
+    for name in names:           # before any shard gets its final name
         if not finished[name]:
+            for p in out.glob(f"{TMP_MARK}{os.getpid()}-*.part"):
+                p.unlink()
             raise DatasetError(f"split {name!r} received no samples; use fewer splits or more "
                                f"data. Received: split={options['split']}")
+    splits = {}
+    for name in names:
         count = len(finished[name])
         shard_list = []
         for i, (shard, raw) in enumerate(finished[name]):
