@@ -99,7 +99,9 @@ def durations(out: Path, started: float) -> dict[str, float]:
             spans[previous].append(t - previous_t)
             previous_t, previous = t, name
     spans["restore"] += spans.pop("restored", [])
-    return {name: float(np.mean(v)) for name, v in spans.items() if v}
+    means = {name: float(np.mean(v)) for name, v in spans.items() if v}
+    means["steps"] = rows[-1][3]           # training steps of the whole run
+    return means
 
 
 def finals(out: Path) -> tuple[list[np.ndarray], dict]:
@@ -139,16 +141,21 @@ def checkpoint_loads(workdir: Path) -> str | None:
     return None
 
 
-def hunt(proc: subprocess.Popen, out: Path, target: str, length: float,
+def hunt(proc: subprocess.Popen, out: Path, target: str, lengths: dict[str, float],
          rnd: random.Random) -> bool:
-    """Waits until ``proc`` is in phase ``target``, then sleeps a random part of
-    ``length``. Returns False if the process ended first."""
+    """Waits until ``proc`` is in phase ``target`` (for the phases that recur, after a
+    random number of the run's training steps), then a random part of that phase's
+    length. Returns False if the process ended first."""
+    length = lengths.get(target, 0.05)
     if target == "import":
         time.sleep(rnd.uniform(0.0, length))
         return proc.poll() is None
+    after = 0
+    if target not in ("build", "restore"):          # any of the run's steps, epoch ends...
+        after = rnd.randrange(int(lengths["steps"]))
     while proc.poll() is None:
         now = read_phase(out)
-        if now is not None and now[1] == proc.pid and now[0] == target:
+        if now is not None and now[1] == proc.pid and now[0] == target and now[2] >= after:
             time.sleep(rnd.uniform(0.0, length))
             return proc.poll() is None
         time.sleep(0.002)
@@ -177,15 +184,17 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
     out, wd = root / "out", root / "wd"
     env = {**ENV, "MEMFIT_WORKDIR": str(wd)}
     records: list[dict] = []
+    started: list[int] = []
     restarted = False
     for _ in range(kills + 20):
         proc = subprocess.Popen(command(data, out, config, epochs), env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started.append(proc.pid)
         if len(records) < kills:
             targets = PHASES if sig == signal.SIGKILL else ("step", "epoch-end",
                                                             "checkpoint", "restore")
             target = rnd.choice(targets)
-            if hunt(proc, out, target, lengths.get(target, 0.05), rnd):
+            if hunt(proc, out, target, lengths, rnd):
                 before = read_phase(out)
                 sent = time.monotonic()
                 proc.send_signal(sig)
@@ -199,6 +208,7 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
                 if died_in == "restored":
                     died_in = "restore"
                 record = {"config": config, "signal": signal.Signals(sig).name,
+                          "pid": proc.pid,
                           "target": target, "phase": died_in,
                           "after_restart": restarted, "exit": code,
                           "seconds_to_exit": round(took, 3),
@@ -217,9 +227,10 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
     else:
         return {"records": records, "finished": False, "error": "never finished"}
     # Steps redone: trained steps at each death minus those the next process restored.
-    pids = [p for _, p, name, _ in phase_log(out) if name == "import"]
-    for record, nxt in zip(records, pids[1:], strict=False):
-        restored = restored_iterations(out, nxt)
+    for record in records:
+        later = started[started.index(record["pid"]) + 1:]
+        restored = next((r for r in (restored_iterations(out, pid) for pid in later)
+                         if r is not None), None)
         if record["phase"] in ("import", "build", "restore"):
             record["redone"] = 0            # nothing trained in that process yet
         elif record["iterations"] is not None and restored is not None:
