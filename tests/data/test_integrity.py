@@ -4,7 +4,10 @@ import tensorflow as tf
 
 import memfit
 from memfit.data.manifest import Manifest
+from memfit.errors import CorruptShardError
 from tests.data.helpers import small_arrays
+
+READERS = ["blocks", "tf"]
 
 
 @pytest.fixture()
@@ -25,13 +28,22 @@ def corrupt(file, at):
     file.write_bytes(bytes(data))
 
 
-def test_corrupt_record_stops_with_the_shard_named(packed):
+@pytest.mark.parametrize("reader", READERS)
+def test_corrupt_record_stops_with_memfits_own_short_error(packed, reader):
     bad = shard_path(packed)
     corrupt(bad, bad.stat().st_size // 2)
-    with pytest.raises(tf.errors.InvalidArgumentError) as e:
-        for _ in memfit.dataset(packed, 32):
+    with pytest.raises(CorruptShardError) as e:
+        for _ in memfit.dataset(packed, 32, reader=reader):
             pass
-    assert bad.name in str(e.value) and "corrupt or truncated" in str(e.value)
+    message = str(e.value)
+    assert message.startswith(f"memfit: shard {bad} is corrupt or truncated: record 10 of 20")
+    assert "\n" not in message and len(message) < 200 + 2 * len(str(bad))
+    assert "memfit verify" in message
+    assert e.value.file == str(bad) and e.value.record == 10
+    assert isinstance(e.value.__context__, tf.errors.OpError)    # TensorFlow's, kept
+    with pytest.raises(CorruptShardError):                        # next(iter(ds)) too
+        ds = memfit.dataset(packed, 400, reader=reader, shuffle=False)
+        next(iter(ds))
     report = memfit.verify(packed)
     assert not report.ok
     assert any(p.file == bad.name and p.record is not None for p in report.problems)
@@ -39,10 +51,17 @@ def test_corrupt_record_stops_with_the_shard_named(packed):
     assert bad.name in str(report)
 
 
+def test_other_tensorflow_errors_are_not_translated():
+    from memfit.data.pipeline import corrupt_shard_error
+
+    assert corrupt_shard_error(tf.errors.InvalidArgumentError(None, None, "shape mismatch")) \
+        is None
+
+
 def test_truncated_shard_is_named_too(packed):
     bad = shard_path(packed, 1)
     bad.write_bytes(bad.read_bytes()[:-100])
-    with pytest.raises(tf.errors.InvalidArgumentError, match=bad.name):
+    with pytest.raises(CorruptShardError, match=bad.name):
         for _ in memfit.dataset(packed, 32):
             pass
     problems = memfit.verify(packed).problems
@@ -50,14 +69,38 @@ def test_truncated_shard_is_named_too(packed):
     assert any("size is" in p.message for p in problems)
 
 
-def test_skip_reads_past_damage_and_warns_with_a_count(packed, capfd):
+@pytest.mark.parametrize("reader", READERS)
+def test_skip_reads_past_damage_and_warns_once_with_a_count(packed, capfd, reader):
     bad = shard_path(packed)
     corrupt(bad, bad.stat().st_size - 50)              # inside the last record
-    ids = np.concatenate([b["id"].numpy() for b in memfit.dataset(packed, 32,
+    ids = np.concatenate([b["id"].numpy() for b in memfit.dataset(packed, 32, reader=reader,
                                                                   on_corrupt="skip")])
     assert len(ids) == 390 and len(set(ids.tolist())) == 390
     err = capfd.readouterr().err
-    assert "skipped 1 unreadable records" in err and bad.name in err
+    assert err.count("skipped 1 unreadable records") == 1 and bad.name in err
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_skip_leaves_out_a_missing_shard_with_one_warning(packed, capfd, reader):
+    gone = shard_path(packed)
+    gone.unlink()
+    ds = memfit.dataset(packed, 32, reader=reader, on_corrupt="skip")
+    ids = np.concatenate([b["id"].numpy() for b in ds])
+    assert len(ids) == 200 and len(set(ids.tolist())) == 200
+    err = capfd.readouterr().err
+    assert err.count("WARNING") == 1
+    assert f"skipped shard {gone}: the file is missing; its 200 samples" in err
+    with pytest.raises(CorruptShardError, match=f"shard {gone} is missing") as e:
+        memfit.dataset(packed, 32, reader=reader)
+    assert e.value.file == str(gone)
+
+
+def test_a_shard_deleted_while_reading_is_skipped_by_the_block_reader(packed, capfd):
+    ds = memfit.dataset(packed, 32, reader="blocks", on_corrupt="skip")
+    shard_path(packed, 1).unlink()                     # after the dataset was built
+    ids = np.concatenate([b["id"].numpy() for b in ds])
+    assert len(ids) == 200
+    assert capfd.readouterr().err.count("cannot be read") == 1
 
 
 def test_missing_shard_is_reported(packed):

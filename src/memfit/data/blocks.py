@@ -391,7 +391,7 @@ class BlockReader:
         self.on_corrupt = on_corrupt
         self._epochs: dict[int, _Epoch] = {}
         self._lock = threading.Lock()
-        self._warned: dict[int, set[tuple[int, int]]] = {}
+        self._warned: set[tuple[int, int]] = set()
         self._warn_lock = threading.Lock()          # _warn runs under _lock, too
         skel = max(len(lay.skeleton) for lay in self._layouts.values())
         self._skel_bytes = max(skel, 1)
@@ -484,8 +484,16 @@ class BlockReader:
             try:
                 size = os.stat(file).st_size
             except OSError as err:
-                raise ShardReadError(f"memfit: shard {file} cannot be read ({err}). Run "
-                                     f"`memfit verify` on the dataset.", file) from None
+                if self.on_corrupt == "raise":
+                    raise ShardReadError(f"memfit: shard {file} cannot be read ({err}). Run "
+                                         f"`memfit verify` on the dataset; pass "
+                                         f"on_corrupt='skip' to read past it.", file) from None
+                lost = list(range(int(self.records[s])))
+                bad.update((s, r) for r in lost)
+                self._warn(e, s, lost, f"memfit: WARNING: skipped shard {file}: it cannot be "
+                                       f"read ({err.strerror}); its {len(lost)} records are "
+                                       f"left out.")
+                continue
             expected = int(self.file_bytes[s])
             if size == expected:
                 continue
@@ -514,15 +522,14 @@ class BlockReader:
         return bad
 
     def _warn(self, e: int, s: int, records: list[int], message: str) -> None:
-        """Prints a skip warning once per epoch and record (to stderr, like tf.print)."""
+        """Prints a skip warning once per damaged record (to stderr, like tf.print): the
+        windows built ahead read the next epochs' damage too, and every epoch meets the
+        same damage again; the first warning said it."""
         with self._warn_lock:
-            seen = self._warned.setdefault(e, set())
-            for old in sorted(self._warned)[:-2]:
-                del self._warned[old]
             keys = {(s, r) for r in records} or {(s, -1)}
-            if keys <= seen:
+            if keys <= self._warned:
                 return
-            seen |= keys
+            self._warned |= keys
         print(message, file=sys.stderr, flush=True)
         log.debug("%s", message)
 
@@ -802,9 +809,17 @@ def build(reader: BlockReader, plan: Any, features: Sequence[str] | None, *,
     feeder = WindowFeeder(reader.window, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
                           workers=plan.parallel_windows, ahead=plan.parallel_windows)
 
+    def feed(element: Any) -> list[np.ndarray]:
+        try:
+            return feeder(element)
+        except CorruptShardError as e:
+            # Raised afresh here, the traceback TensorFlow copies into its error is this
+            # frame's, not the reader threads': memfit's message stays near the top.
+            raise ShardReadError(str(e), e.file, e.record) from None
+
     def window(element: tf.Tensor) -> Any:
         # stateful: the feeder builds ahead in order, so tf.data must keep this map sequential.
-        got = tf.numpy_function(feeder, [element], types, stateful=True)
+        got = tf.numpy_function(feed, [element], types, stateful=True)
         for t, shape in zip(got, shapes, strict=True):
             t.set_shape([None, *shape])
         if features is None:

@@ -53,6 +53,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -68,7 +69,7 @@ from memfit.data.pipeline import (
     settle_plan,
 )
 from memfit.data.records import LENGTHS_SUFFIX
-from memfit.errors import DatasetError
+from memfit.errors import CorruptShardError, DatasetError
 from memfit.memory.sizes import format_size, parse_size
 
 __all__ = ["dataset", "DatasetPlan", "plan_dataset"]
@@ -426,6 +427,7 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             raise ValueError(f"Cannot shard {len(shards)} shard files {count} ways; repack with "
                              f"shards={count} or more. Received: shard={shard!r}")
         shards = shards[index::count]
+    shards = _present(manifest, shards, on_corrupt)
     samples = sum(s.samples for s in shards)
     budget = parse_size(memory_budget, name="memory_budget")
     names = tuple(features) if features is not None else tuple(manifest.features)
@@ -456,6 +458,32 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
                             sharded=shard is not None)
     return _tf_pipeline(manifest, shards, plan, features, on_corrupt=on_corrupt,
                         drop_remainder=drop_remainder, sharded=shard is not None)
+
+
+def _present(manifest: Manifest, shards: list[Shard], on_corrupt: str) -> list[Shard]:
+    """The shards whose files exist. A missing one is an error naming it, or, with
+    ``on_corrupt="skip"``, left out with one warning that names it and counts its samples
+    (TensorFlow's reader would retry a missing file for ever)."""
+    base = manifest.path or Path(".")
+    missing = [s for s in shards if not (base / s.file).is_file()]
+    if not missing:
+        return shards
+    first = base / missing[0].file
+    if on_corrupt == "raise":
+        raise CorruptShardError(
+            f"memfit: shard {first} is missing ({len(missing)} of {len(shards)} shard files "
+            f"are). Restore it, or repack; `memfit verify {base}` lists the damage; pass "
+            f"on_corrupt='skip' to read the other shards.", str(first))
+    kept = [s for s in shards if s not in missing]
+    if not kept:
+        raise CorruptShardError(f"memfit: every shard file of this split is missing, e.g. "
+                                f"{first}; nothing to read. Restore them, or repack.",
+                                str(first))
+    for s in missing:
+        print(f"memfit: WARNING: skipped shard {base / s.file}: the file is missing; its "
+              f"{s.samples:,} samples ({s.records:,} records) are left out.",
+              file=sys.stderr, flush=True)
+    return kept
 
 
 def _tf_pipeline(manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,
