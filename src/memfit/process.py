@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -46,7 +47,13 @@ class CommandStartError(MemfitError):
 
 
 def check_command(command: Sequence[str]) -> list[str]:
-    """The command as a list of strings, or a ``ValueError`` quoting what was given."""
+    """The command as a list of strings, once its program is known to exist and be
+    executable: callers check it before they create anything (a workdir, a log).
+
+    Raises:
+        ValueError: quoting what was given, for a command that is not a list of strings.
+        CommandStartError: the program does not exist (127) or cannot be executed (126).
+    """
     if isinstance(command, str | bytes) or not isinstance(command, Sequence):
         raise ValueError(f"command must be a list of strings, such as ['python', 'train.py'] "
                          f"(use shlex.split for a command line). Received: command={command!r}")
@@ -56,7 +63,28 @@ def check_command(command: Sequence[str]) -> list[str]:
     bad = [c for c in command if not isinstance(c, str | os.PathLike)]
     if bad:
         raise ValueError(f"command must hold strings only. Received: command={command!r}")
-    return [os.fspath(c) for c in command]
+    command = [os.fspath(c) for c in command]
+    program = command[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise _not_found(command)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise _not_executable(command)
+    elif shutil.which(program) is None:
+        raise _not_found(command)
+    return command
+
+
+def _not_found(command: list[str]) -> CommandStartError:
+    return CommandStartError(
+        f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "
+        f"program's path)", command, exitcodes.NOT_FOUND)
+
+
+def _not_executable(command: list[str]) -> CommandStartError:
+    return CommandStartError(
+        f"command cannot be executed: {command[0]!r} (permission denied; make it "
+        f"executable with chmod +x, or run it through its interpreter)", command, 126)
 
 
 def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = None,
@@ -71,14 +99,9 @@ def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = Non
         return subprocess.Popen(command, env={**os.environ, **env}, stdout=stdout,
                                 stderr=stderr)
     except FileNotFoundError:
-        raise CommandStartError(
-            f"command not found: {command[0]!r} (check the spelling, your PATH, or give the "
-            f"program's path)", command, exitcodes.NOT_FOUND) from None
+        raise _not_found(command) from None
     except PermissionError:
-        raise CommandStartError(
-            f"command cannot be executed: {command[0]!r} (permission denied; make it "
-            f"executable with chmod +x, or run it through its interpreter)", command,
-            126) from None
+        raise _not_executable(command) from None
     except OSError as e:
         raise CommandStartError(f"command cannot be started: {command[0]!r} ({e.strerror})",
                                 command, 126) from None

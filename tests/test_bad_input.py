@@ -1,0 +1,107 @@
+"""Bad input, given on purpose to every subcommand, as a stranger would.
+
+Each case runs `python -m memfit ...` in a fresh process (what the user runs) in an empty
+directory holding a few small files, and checks what the user reads: an exit code of 2
+(127 for a command that does not exist, as a shell says), one clear error line that
+quotes the value, no Python traceback, and nothing new left on disk. (TensorFlow's
+start-up lines are issue 15's: not checked here.) docs/reliability.md counts these cases.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stranger")
+    np.save(root / "x.npy", np.zeros((10, 3), np.float32))
+    np.save(root / "y.npy", np.zeros((7,), np.int64))
+    np.save(root / "y10.npy", np.zeros((10,), np.int64))
+    (root / "afile").write_text("not a directory")
+    (root / "bad.csv").write_text("a,b,label\n1,2,0\n3,oops,1\n")
+    for name, manifest in {"list": [], "number": 3, "broken": "{not json"}.items():
+        (root / f"m-{name}").mkdir()
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        (root / f"m-{name}" / "manifest.json").write_text(text)
+    (root / "bad.toml").write_text("[[job]\nname = 'a'\n")
+    (root / "nojobs.toml").write_text("title = 'no jobs here'\n")
+    (root / "garbage.jsonl").write_text("this is not a memfit log\n")
+    (root / "train.py").write_text("print('hello')\n")
+    (root / "mod.py").write_text(textwrap.dedent("""
+        def not_a_model():
+            return 42
+        """))
+    return root
+
+
+CASES = [
+    # pack
+    (["pack", "-o", "out"], 2, "NAME=FILE.npy"),
+    (["pack", "x=missing.npy", "-o", "out"], 2, "missing.npy"),
+    (["pack", "x=x.npy", "y=y.npy", "-o", "out"], 2, "10"),
+    (["pack", "x=x.npy", "-o", "afile/sub"], 2, "afile"),
+    (["pack", "--csv", "bad.csv", "--label", "label", "-o", "out"], 2, "oops"),
+    (["pack", "x=x.npy", "y=y10.npy", "--split", "train=1.0,val=0.0", "-o", "out"], 2, "val"),
+    (["pack", "x=x.npy", "--split", "nonsense", "-o", "out"], 2, "nonsense"),
+    (["pack", "x=x.npy", "--shards", "0", "-o", "out"], 2, "0"),
+    # inspect / verify
+    (["inspect", "nowhere"], 2, "nowhere"),
+    (["inspect", "m-list"], 2, "manifest.json"),
+    (["verify", "m-number"], 2, "manifest.json"),
+    (["verify", "m-broken"], 2, "manifest.json"),
+    # run / watch
+    (["run", "--max-rss", "0", "--", "true"], 2, "max_rss"),
+    (["run", "--max-rss", "lots", "--", "true"], 2, "lots"),
+    (["run", "--restart-every", "0", "--", "true"], 2, "restart_every=0"),
+    (["run", "--", "no-such-program-here"], 127, "no-such-program-here"),
+    (["watch", "--", "no-such-program-here"], 127, "no-such-program-here"),
+    (["watch", "--interval", "0", "--", "true"], 2, "interval"),
+    # report
+    (["report", "nowhere"], 2, "nowhere"),
+    (["report", "garbage.jsonl"], 2, "garbage.jsonl"),
+    # estimate / find-batch-size / calibrate
+    (["estimate", "nosuchmodule:make"], 2, "nosuchmodule"),
+    (["estimate", "mod:not_a_model", "-b", "4"], 2, "not_a_model"),
+    (["estimate", "keras.applications:MobileNetV2", "-b", "0"], 2, "0"),
+    (["estimate", "keras.applications:MobileNetV2", "--budget", "lots"], 2, "lots"),
+    (["find-batch-size", "mod:not_a_model", "--budget", "1GiB", "--start", "0"], 2, "start"),
+    (["find-batch-size", "mod:not_a_model", "--budget", "huge"], 2, "huge"),
+    (["calibrate", "--runs", "0"], 2, "runs"),
+    # share
+    (["share", "missing.toml"], 2, "missing.toml"),
+    (["share", "bad.toml"], 2, "bad.toml"),
+    (["share", "nojobs.toml"], 2, "job"),
+    # doctor
+    (["doctor", "--steps", "0", "--", sys.executable, "train.py"], 2, "0"),
+    (["doctor", "--", "no-such-program-here"], 127, "no-such-program-here"),
+]
+
+
+@pytest.mark.parametrize("argv, code, quoted", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_input_is_one_clear_error_and_leaves_nothing(place, argv, code, quoted):
+    before = _files(place)
+    proc = subprocess.run([sys.executable, "-m", "memfit", *argv], cwd=place, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    said = proc.stdout + proc.stderr
+    new = _files(place) - before
+    for path in sorted(new, reverse=True):          # leave the place as it was
+        target = place / path
+        target.unlink() if target.is_file() else target.rmdir()
+    assert proc.returncode == code, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    assert quoted in proc.stderr, said[-3000:]
+    assert "error" in proc.stderr.lower()
+    assert not new, f"left behind: {sorted(new)}"
