@@ -10,6 +10,7 @@ from memfit.cli import main
 from memfit.memory.classify import EXPLANATIONS
 from memfit.memory.log import LogError, MemoryLog
 from memfit.report import ReportResult, RunData, load, timeline, write_report
+from memfit.report.timeline import title
 from memfit.workdir import Workdir
 from tests.report.synthetic import (
     CHILD1,
@@ -151,7 +152,7 @@ def test_watch_style_log_gives_the_command_to_the_sampled_process(tmp_path):
     assert "no anonymous/file split in the log: total RSS shown" in page
     assert "no samples of its own" not in page       # the watcher writes, but is not a row
     assert " · 1 process · " in page
-    assert "<td>exit 0</td><td>duration=5</td>" in page
+    assert "<td>exit 0</td><td>duration=5.0 s</td>" in page
 
 
 def test_output_may_be_a_directory(restart_workdir, tmp_path, capsys):
@@ -223,3 +224,35 @@ def test_appended_watch_sessions_name_each_command(tmp_path):
     assert data.processes[200].command == "python a.py"
     assert data.processes[201].command == "python b.py"
     assert data.processes[100].command == "python a.py"     # the watcher's own row
+
+
+def watch_log(path):
+    """A `memfit watch` log: the watcher (pid 100) writes, only the command (200) is sampled."""
+    with MemoryLog(path, source="watch", header=False) as w:
+        start(w, 100, source="watch", command=["python", "train.py"])
+        for i in range(5):
+            w.write("sample", pid=200, t=T0 + i, rss=(300 + i) * MiB, rss_anon=(250 + i) * MiB,
+                    rss_file=50 * MiB)
+        w.write("exit", pid=200, t=T0 + 5, code=0, peak_rss=361476096, seconds=65.25)
+    return path
+
+
+def test_the_title_counts_the_processes_the_summary_lists(tmp_path):
+    # The watcher's own pid writes the log's start event but has no memory numbers: it is
+    # not one of the run's processes, in the PNG's title as in the summary (issue 15).
+    data = load(watch_log(tmp_path / "watch.jsonl"))
+    assert len(data.processes) == 2 and [p.pid for p in data.measured] == [200]
+    assert title(data).endswith(", 1 process")
+    result = write_report(tmp_path / "watch.jsonl")
+    assert [s.pid for s in result.summary] == [200]
+    assert " · 1 process · " in result.html.read_text()
+    leak_then_restart(tmp_path / "restart.jsonl")
+    restarts = load(tmp_path / "restart.jsonl")
+    assert title(restarts).endswith(f", {len(restarts.measured)} processes")
+    assert len(restarts.measured) == len(write_report(tmp_path / "restart.jsonl").summary)
+
+
+def test_event_details_show_sizes_and_durations_not_raw_numbers(tmp_path):
+    page = write_report(watch_log(tmp_path / "watch.jsonl")).html.read_text()
+    assert "<td>exit 0</td><td>peak_rss=344.7 MiB, seconds=1 min 05 s</td>" in page
+    assert "361476096" not in page

@@ -13,6 +13,8 @@ Example:
     >>> data = load(path)
     >>> len(data.processes), data.processes[7].samples[0]["rss_anon"]   # writer + pid 7
     (2, 2)
+    >>> [p.pid for p in data.measured]          # the run's processes: the writer is not one
+    [7]
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ from pathlib import Path
 from memfit.memory.log import LogError, read_log
 from memfit.workdir import LOG_NAME, Workdir
 
-__all__ = ["RunData", "ProcessData", "load", "anon", "MEMORY_FIELDS", "MARK_EVENTS"]
+__all__ = ["RunData", "ProcessData", "load", "anon", "number", "MEMORY_FIELDS", "MARK_EVENTS"]
 
 MEMORY_FIELDS = ("rss", "rss_anon", "rss_file", "rss_shmem", "py_heap", "gpu", "nvml")
 MARK_EVENTS = ("restart", "exit", "stop")
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
+    """``value`` when it is a number (not a bool), else ``None``: log fields may be absent
+    or hold anything.
+
+    Args:
+        value: a field of a log record.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return value
@@ -40,8 +48,8 @@ def _number(value: object) -> float | None:
 
 def anon(record: dict) -> float | None:
     """Anonymous RSS of a record, else its total RSS (a probe without the split), else None."""
-    value = _number(record.get("rss_anon"))
-    return _number(record.get("rss")) if value is None else value
+    value = number(record.get("rss_anon"))
+    return number(record.get("rss")) if value is None else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +86,13 @@ class ProcessData:
         return tuple(r for r in self.records if r["event"] == "epoch_end")
 
     @property
+    def measured(self) -> bool:
+        """Whether the log has memory numbers or epoch ends of this process. A writer that
+        only samples others (the ``memfit watch`` or ``memfit run`` process itself) has
+        none: it is not one of the run's processes, in the title or the summary."""
+        return bool(self.samples or self.epoch_ends)
+
+    @property
     def first_t(self) -> float:
         return self.records[0]["t"]
 
@@ -92,7 +107,7 @@ class ProcessData:
     @property
     def anon_is_total(self) -> bool:
         """True when the log has no anonymous/file split for this process (total RSS used)."""
-        return any(_number(r.get("rss_anon")) is None for r in self.samples)
+        return any(number(r.get("rss_anon")) is None for r in self.samples)
 
     @property
     def source(self) -> str:
@@ -134,6 +149,13 @@ class RunData:
         return self.records[0]
 
     @property
+    def measured(self) -> tuple[ProcessData, ...]:
+        """The run's processes: those with memory numbers of their own (see
+        :attr:`ProcessData.measured`), in order of first appearance. What "N processes"
+        counts, in the timeline's title and in the report alike."""
+        return tuple(p for p in self.processes.values() if p.measured)
+
+    @property
     def first_t(self) -> float:
         return min(r["t"] for r in self.records)
 
@@ -167,10 +189,10 @@ def _resolve(source: str | os.PathLike) -> Path:
 
 def _check(records: Iterable[dict], log: Path) -> list[dict]:
     checked = []
-    for number, record in enumerate(records, start=1):
-        if _number(record["t"]) is None or not isinstance(record["pid"], int) \
+    for line, record in enumerate(records, start=1):
+        if number(record["t"]) is None or not isinstance(record["pid"], int) \
                 or isinstance(record["pid"], bool) or not isinstance(record["event"], str):
-            raise LogError(f"{str(log)!r} line {number}: 't' must be a number, 'pid' an integer "
+            raise LogError(f"{str(log)!r} line {line}: 't' must be a number, 'pid' an integer "
                            f"and 'event' a string. Received: t={record['t']!r}, "
                            f"pid={record['pid']!r}, event={record['event']!r}")
         checked.append(record)

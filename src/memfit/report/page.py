@@ -18,7 +18,7 @@ from html import escape
 
 from memfit._version import __version__
 from memfit.memory.sizes import format_size
-from memfit.report.data import MARK_EVENTS, RunData
+from memfit.report.data import MARK_EVENTS, MEMORY_FIELDS, RunData, number
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
 from memfit.report.timeline import event_label, format_duration
 
@@ -85,13 +85,31 @@ def _process_rows(summaries: tuple[ProcessSummary, ...]) -> str:
     return "\n".join(rows)
 
 
+# Event fields that hold bytes or seconds: shown as sizes (IEC) and durations, not raw
+# numbers (``peak_rss=344.7 MiB``, not ``peak_rss=361476096``).
+_SIZE_FIELDS = frozenset(MEMORY_FIELDS) | {"peak", "peak_rss", "host_peak", "rss_peak",
+                                           "peak_anon", "max_rss", "hard_rss", "budget",
+                                           "memory_budget", "limit", "share", "freed",
+                                           "trimmed"}
+_SECONDS_FIELDS = frozenset({"seconds", "duration", "delay", "elapsed"})
+
+
+def _detail(key: str, value: object) -> str:
+    """One ``key=value`` of an event's details, as a person reads it."""
+    n = number(value)
+    if n is not None and (key in _SIZE_FIELDS or key.endswith(("_rss", "_bytes"))):
+        return f"{key}={format_size(n)}"
+    if n is not None and key in _SECONDS_FIELDS:
+        return f"{key}={format_duration(n)}"
+    return f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+
+
 def _event_rows(data: RunData) -> str:
     rows = []
     for r in data.events(*MARK_EVENTS):
         extra = {k: v for k, v in r.items()
                  if k not in ("t", "pid", "event", "reason", "code", "why", "message")}
-        details = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in extra.items())
+        details = ", ".join(_detail(k, v) for k, v in extra.items())
         rows.append(f'<tr><td class="n">+{r["t"] - data.first_t:.1f} s</td>'
                     f'<td class="n">{r["pid"]}</td><td>{escape(event_label(r))}</td>'
                     f"<td>{escape(details)}</td></tr>")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, classify
-from memfit.report.data import ProcessData, RunData, _number, anon
+from memfit.report.data import ProcessData, RunData, anon, number
 
 __all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
 
@@ -80,8 +80,8 @@ class VerdictSummary:
 
 def _summary(process: ProcessData) -> ProcessSummary:
     values = [anon(r) for r in process.samples]
-    totals = [v for r in process.records for v in (_number(r.get("rss")),
-                                                   _number(r.get("rss_peak"))) if v is not None]
+    totals = [v for r in process.records for v in (number(r.get("rss")),
+                                                   number(r.get("rss_peak"))) if v is not None]
     return ProcessSummary(
         pid=process.pid, command=process.command, duration=process.duration,
         samples=len(values), peak_anon=max(values, default=None),
@@ -92,9 +92,14 @@ def _summary(process: ProcessData) -> ProcessSummary:
 
 
 def summarize(data: RunData) -> tuple[ProcessSummary, ...]:
-    """One :class:`ProcessSummary` per process of the log, in order of first appearance."""
-    # A writer that only sampled others (the `memfit watch` process) is not a row.
-    return tuple(_summary(p) for p in data.processes.values() if p.samples or p.epoch_ends)
+    """One :class:`ProcessSummary` per process of the run (:attr:`RunData.measured`: a
+    writer that only sampled others, the ``memfit watch`` process, is not a row), in order
+    of first appearance.
+
+    Args:
+        data: the run, from :func:`memfit.report.load`.
+    """
+    return tuple(_summary(p) for p in data.measured)
 
 
 def _from_event(record: dict) -> VerdictSummary:

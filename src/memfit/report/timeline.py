@@ -26,9 +26,9 @@ from pathlib import Path
 
 from memfit.atomic import temporary_name
 from memfit.memory.sizes import format_size
-from memfit.report.data import MARK_EVENTS, ProcessData, RunData, _number, anon
+from memfit.report.data import MARK_EVENTS, ProcessData, RunData, anon, number
 
-__all__ = ["timeline", "event_label", "format_duration"]
+__all__ = ["timeline", "title", "event_label", "format_duration"]
 
 _PID_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f",
                "#e377c2")
@@ -97,7 +97,7 @@ def _gpu_value(device: str, key: str):
         gpu = record.get("gpu")
         if not isinstance(gpu, dict) or not isinstance(gpu.get(device), dict):
             return None
-        return _number(gpu[device].get(key))
+        return number(gpu[device].get(key))
     return value
 
 
@@ -116,20 +116,30 @@ def _pid_label(process: ProcessData) -> str:
     command = " ".join(filter(None, (os.path.basename(program), rest)))
     if command:
         label += f" ({command if len(command) <= 32 else command[:31] + '…'})"
-    trees = [r.get("processes") for r in process.samples if _number(r.get("processes"))]
+    trees = [r.get("processes") for r in process.samples if number(r.get("processes"))]
     if trees and max(trees) > 1:
         label += f", tree of ≤{max(trees)}"
     return label
 
 
-def _title(data: RunData) -> str:
+def title(data: RunData) -> str:
+    """The timeline's title: the source, how long, from when, and how many processes the
+    run had (:attr:`RunData.measured`: the number the report's summary gives too).
+
+    Example:
+        >>> title(load("runs/exp1"))                         # doctest: +SKIP
+        'Memory timeline — runs/exp1\n3 min 20 s from 2025-01-01 12:00, 1 process'
+
+    Args:
+        data: a run, from :func:`memfit.report.load`.
+    """
     source = str(data.source)
     if len(source) > 70:
         source = "…" + source[-69:]
     when = datetime.datetime.fromtimestamp(data.first_t).strftime("%Y-%m-%d %H:%M")
-    n = len(data.processes)
+    n = len(data.measured)
     return (f"Memory timeline — {source}\n{format_duration(data.duration)} from {when}, "
-            f"{n} process{'es' if n > 1 else ''}")
+            f"{n} process{'es' if n != 1 else ''}")
 
 
 def _marks(data: RunData, axes, t0: float, scale: float) -> None:
@@ -191,9 +201,9 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
                x: _Scale) -> None:
     """Anonymous RSS (solid) and file-backed RSS (dashed), one colour per process."""
     host_max = max((v for p in processes for r in p.samples
-                    for v in (anon(r), _number(r.get("rss_file"))) if v is not None), default=0)
-    budget = next((_number(data.start.get(k)) for k in _BUDGET_KEYS
-                   if _number(data.start.get(k))), None)
+                    for v in (anon(r), number(r.get("rss_file"))) if v is not None), default=0)
+    budget = next((number(data.start.get(k)) for k in _BUDGET_KEYS
+                   if number(data.start.get(k))), None)
     top = max(host_max, budget or 0)
     factor = _size_axis(ax, top)
     peak = (None, None, -1.0)
@@ -206,7 +216,7 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
         if ys and max(ys) > peak[2]:
             i = max(range(len(ys)), key=ys.__getitem__)
             peak = (xs[i], ys[i] / factor, ys[i])
-        fx, fy = _series(process, lambda r: _number(r.get("rss_file")))
+        fx, fy = _series(process, lambda r: number(r.get("rss_file")))
         ax.plot(x(fx), [y / factor for y in fy], color=colors[process.pid], lw=1.1, ls="--",
                 alpha=0.8)
     if len(processes) > _MAX_PIDS_IN_LEGEND:
@@ -224,7 +234,7 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
                     textcoords="offset points", ha="right", va="center", fontsize=8,
                     color="0.2", arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6})
     ax.set_ylabel(f"host memory ({_size_unit(top)[0]})")
-    ax.set_title(_title(data), fontsize=11, loc="left")
+    ax.set_title(title(data), fontsize=11, loc="left")
     if not processes:
         ax.text(0.5, 0.5, "no memory samples in this log", transform=ax.transAxes,
                 ha="center", va="center", color="0.4")
@@ -238,7 +248,7 @@ def _draw_device(ax, data: RunData, devices: list[tuple[int, str]], nvml_pids: l
         for key, style in (("current", "-"), ("peak", ":")):
             series.append((data.processes[pid], device, key, style, _gpu_value(device, key)))
     for pid in nvml_pids:
-        series.append((data.processes[pid], "NVML", "", "--", lambda r: _number(r.get("nvml"))))
+        series.append((data.processes[pid], "NVML", "", "--", lambda r: number(r.get("nvml"))))
     several = len({s[0].pid for s in series}) > 1
     top = max((y for s in series for y in _series(s[0], s[4])[1]), default=0)
     factor = _size_axis(ax, top)
@@ -282,7 +292,7 @@ def timeline(data: RunData, path: str | os.PathLike) -> Path:
     path = Path(path)
     devices = _devices(data)
     nvml_pids = [p.pid for p in data.processes.values()
-                 if any(_number(r.get("nvml")) is not None for r in p.records)]
+                 if any(number(r.get("nvml")) is not None for r in p.records)]
     has_gpu = bool(devices or nvml_pids)
     fig = Figure(figsize=(11, 6.8 if has_gpu else 5.4), dpi=100, layout="constrained")
     axes = list(fig.subplots(2, 1, sharex=True, height_ratios=(3, 2)) if has_gpu
