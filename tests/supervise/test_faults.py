@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -180,3 +181,30 @@ def test_the_fast_fault_campaign(tmp_path):
     assert len({r["phase"] for r in kills}) >= 3               # not one phase only
     assert "| training kills survived bit-identical / total SIGKILLs | 100 % | 8 / 8" \
         in proc.stdout
+
+
+def test_sigterm_after_fit_failed_still_ends_the_process(tmp_path):
+    """fit() left by an exception never calls on_train_end: SIGTERM must then keep its
+    default effect, not wait for a step that will never come."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, time
+        import keras, numpy as np, memfit
+        with memfit.session({str(tmp_path / "wd")!r}, seed=1, verbose=0) as s:
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+            class Boom(keras.callbacks.Callback):
+                def on_epoch_end(self, epoch, logs=None):
+                    raise RuntimeError("boom")
+            try:
+                model.fit(np.zeros((8, 4)), np.zeros((8, 1)), epochs=2, verbose=0,
+                          callbacks=[s.callback, Boom()])
+            except RuntimeError:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+                print("STILL ALIVE")
+        """))
+    proc = subprocess.run([sys.executable, str(script)], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr[-2000:]
+    assert "STILL ALIVE" not in proc.stdout

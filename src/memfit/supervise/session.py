@@ -257,6 +257,7 @@ class Session:
         return self
 
     def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> bool:
+        self.callback.release()
         if isinstance(error, CheckpointError | SessionConfigError) and self.supervised:
             _refuse(error, self.log)
         self.log.close()
@@ -335,10 +336,29 @@ class SessionCallback(keras.callbacks.Callback):
             return
         session = self.session
 
-        def preempt(signum: int, frame: object) -> None:
+        def preempt(signum: int, frame: Any) -> None:
+            if not self._in_fit or not self._fitting(frame):
+                # fit ended by an exception (no on_train_end): the signal's default effect
+                self._release_sigterm()
+                os.kill(os.getpid(), signum)
+                return
             session.preempt(signum)
 
         self._previous_handler = signal.signal(signal.SIGTERM, preempt)
+
+    def _fitting(self, frame: Any) -> bool:
+        """Whether this model's ``fit`` is on the interrupted stack."""
+        while frame is not None:
+            if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is self.model:
+                return True
+            frame = frame.f_back
+        return False
+
+    def release(self) -> None:
+        """Gives SIGTERM back its previous handler (the session's end does this; so does
+        ``fit``'s)."""
+        self._in_fit = False
+        self._release_sigterm()
 
     def _release_sigterm(self) -> None:
         if self._previous_handler is not None:
