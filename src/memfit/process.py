@@ -26,6 +26,7 @@ from typing import IO
 from memfit import exitcodes
 from memfit.errors import MemfitError
 from memfit.memory.probe import descendants
+from memfit.quiet import FilteredPopen, filters_children
 
 __all__ = ["CommandStartError", "check_command", "start", "forward_signals", "exit_code",
            "kill_tree", "ticks"]
@@ -92,12 +93,23 @@ def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = Non
     """Starts ``command`` with this process's environment plus ``env``, and its streams
     (or the open files ``stdout``/``stderr``).
 
+    Inside :func:`memfit.quiet.quieted` (``memfit run``, ``share`` and ``doctor`` without
+    ``--verbose``), the command's stderr reaches its terminal or file through a filter
+    that drops TensorFlow's start-up lines, and nothing else; its environment is the same.
+
+    Args:
+        command: the program and its arguments (see :func:`check_command`).
+        env: variables to add to this process's environment.
+        stdout: an open file for the command's standard output, or ``None`` (this one's).
+        stderr: an open file for its standard error, or ``None`` (this one's).
+
     Raises:
         CommandStartError: if it does not exist (127) or cannot be executed (126).
     """
+    filtered = filters_children() and (stderr is None or hasattr(stderr, "fileno"))
+    popen = FilteredPopen if filtered else subprocess.Popen
     try:
-        return subprocess.Popen(command, env={**os.environ, **env}, stdout=stdout,
-                                stderr=stderr)
+        return popen(command, env={**os.environ, **env}, stdout=stdout, stderr=stderr)
     except FileNotFoundError:
         raise _not_found(command) from None
     except PermissionError:

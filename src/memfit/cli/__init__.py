@@ -2,6 +2,11 @@
 
 A subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``; adding one means adding it to ``SUBCOMMANDS``.
+
+The commands that start TensorFlow, in their own process or in the children they start
+(``QUIET_COMMANDS``: run, share, doctor, estimate, find-batch-size, calibrate), keep
+TensorFlow's start-up lines off the screen (:mod:`memfit.quiet`); their ``--verbose``
+shows them. ``memfit watch`` runs its command unchanged.
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ from memfit.cli import (
     watch_cmd,
 )
 from memfit.errors import MemfitError
+from memfit.quiet import quieted
 
 SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd,
                estimate_cmd, find_batch_size_cmd, calibrate_cmd, share_cmd, doctor_cmd)
+QUIET_COMMANDS = (run_cmd, share_cmd, doctor_cmd, estimate_cmd, find_batch_size_cmd,
+                  calibrate_cmd)
+VERBOSE_HELP = ("show TensorFlow's start-up log lines (oneDNN, CUDA drivers, cuInit...), "
+                "here and in the processes memfit starts; hidden by default")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     for module in SUBCOMMANDS:
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        if module in QUIET_COMMANDS:
+            p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+        p.set_defaults(run=module.run, quiet=module in QUIET_COMMANDS)
     return parser
 
 
@@ -56,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        return int(args.run(args) or 0)
+        with quieted(args.quiet and not args.verbose):
+            return int(args.run(args) or 0)
     except (MemfitError, ValueError) as e:
         print(f"memfit {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -71,6 +71,7 @@ from memfit.data.pipeline import (
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import CorruptShardError, DatasetError
 from memfit.memory.sizes import format_size, parse_size
+from memfit.quiet import ignore_keras_shuffle_warning
 
 __all__ = ["dataset", "DatasetPlan", "plan_dataset"]
 
@@ -397,6 +398,8 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
         A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the :class:`DatasetPlan`
         (an :class:`~memfit.data.arrays.ArraysPlan` for ``.npy`` sources).
     """
+    # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
+    ignore_keras_shuffle_warning()
     if arrays.is_arrays_source(path):
         return arrays.dataset(
             path, batch_size, split=split, features=features, memory_budget=memory_budget,

@@ -33,6 +33,7 @@ from memfit.estimate.model import ModelSpec, check_batch_size, check_policy
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.probe import Sample, peak_of, sample
+from memfit.quiet import strip_noise
 
 __all__ = ["ChildResult", "run_child", "measure_training"]
 
@@ -144,7 +145,9 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
     if "result" not in events:
         code = proc.returncode
         why = f"killed by signal {-code} (out of memory?)" if code < 0 else f"exit code {code}"
-        tail = "\n".join(stderr.strip().splitlines()[-5:])
+        # The last lines the child wrote, without TensorFlow's start-up lines: they would
+        # crowd out the error of a child that died early.
+        tail = "\n".join(strip_noise(stderr).strip().splitlines()[-5:])
         return ChildResult("oom" if code == -9 else "crashed", peak=peak_seen,
                            baseline=baseline, message=f"{why}\n{tail}".strip(),
                            seconds=seconds)

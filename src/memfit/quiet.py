@@ -1,0 +1,401 @@
+"""TensorFlow's start-up chatter, kept off the user's screen (``--verbose`` shows it).
+
+Every process that imports TensorFlow 2.21 prints, on a machine without a GPU::
+
+    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+    I0000 00:00:… port.cc:153] oneDNN custom operations are on. You may see slightly …
+    I0000 00:00:… cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU …
+    E0000 00:00:… cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: …
+
+What silences what (measured with ``python -c "import tensorflow"``):
+
+- The first three (twice: two of TensorFlow's libraries log them) are written by absl
+  while the libraries load, before logging is initialised: no environment variable
+  silences them. ``TF_CPP_MIN_LOG_LEVEL=3`` does not; ``TF_ENABLE_ONEDNN_OPTS=0`` drops
+  the oneDNN line only by changing the numerics, which memfit never does.
+- ``failed call to cuInit`` is logged at error level on the first device query:
+  ``TF_CPP_MIN_LOG_LEVEL=3`` hides it, and every other error TensorFlow logs with it.
+- ``This TensorFlow binary is optimized…`` / ``To enable the following instructions…``
+  and the graph optimizer's ``Number of eligible GPUs…`` / ``Starting new session`` are
+  info lines: ``TF_CPP_MIN_LOG_LEVEL=1`` hides them. TensorFlow reads the variable once,
+  while it is imported.
+
+So memfit removes these lines by what they say, and leaves everything else (the user's
+output, TensorFlow's warnings and errors) as it is:
+
+- in the processes memfit starts (:func:`memfit.process.start`, for ``memfit run``,
+  ``share`` and ``doctor``), while :func:`quieted` is on: their stderr passes through
+  :class:`LineFilter` on its way to the terminal (or the job's log file). Their
+  environment is not changed; ``memfit watch`` does not turn it on (it runs the command
+  unchanged);
+- in memfit's own process (``memfit estimate``...): :func:`quieted` holds file
+  descriptor 2 while TensorFlow is imported and its devices are listed, then passes on
+  all but these lines; and, when ``TF_CPP_MIN_LOG_LEVEL`` is not set, it is 1 while
+  TensorFlow reads it (hiding the info lines of the estimate's graph optimizer), and unset
+  again after, so no child inherits it. A value the user set is left alone.
+- estimate's measuring children write to files that memfit reads; :func:`strip_noise`
+  takes the lines out of what a failed child's message quotes.
+
+Keras warns "`shuffle=True` was passed, but will be ignored since the data `x` was
+provided as a tf.data.Dataset" on every ``fit`` of a dataset. A ``memfit.dataset`` is
+shuffled by construction (its order is a function of the seed and the epoch), so
+:func:`ignore_keras_shuffle_warning` filters that one message, in a process that built a
+memfit dataset.
+
+Example:
+    >>> is_noise("I0000 00:00:1796135741.715347   22348 cudart_stub.cc:31] Could not "
+    ...          "find cuda drivers on your machine, GPU will not be used.")
+    True
+    >>> strip_noise("Epoch 1/3\\nWARNING: All log messages before absl::InitializeLog() "
+    ...             "is called are written to STDERR\\nloss 0.1\\n")
+    'Epoch 1/3\\nloss 0.1\\n'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["NOISE", "is_noise", "strip_noise", "LineFilter", "FilteredPopen", "quieted",
+           "filters_children", "ignore_keras_shuffle_warning", "LOG_LEVEL_ENV"]
+
+LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+
+# The prefix absl/TensorFlow put before a C++ log line: "I0000 00:00:1796….561436   21952
+# port.cc:153] " (TF >= 2.17) or "2025-09-17 14:44:05.157831: I external/…/cudart_stub.cc:32] ".
+_PREFIX = (r"(?:[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ |"
+           r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )(?:\S*/)?")
+
+#: The start-up lines memfit removes, each matched against one whole line.
+NOISE = tuple(re.compile(p) for p in (
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$",
+    _PREFIX + r"port\.cc:\d+\] oneDNN custom operations are on\. ",
+    _PREFIX + r"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will "
+              r"not be used\.$",
+    _PREFIX + r"\S+\.cc:\d+\] failed call to cuInit: ",
+    _PREFIX + r"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use "
+              r"available CPU instructions",
+    r"To enable the following instructions: [A-Z0-9_ ]+, in other operations, rebuild "
+    r"TensorFlow with the appropriate compiler flags\.$",
+    _PREFIX + r"\S+\.cc:\d+\] Unable to register cu(?:DNN|FFT|BLAS) factory: Attempting to "
+              r"register factory for plugin cu(?:DNN|FFT|BLAS) when one has already been "
+              r"registered$",
+    _PREFIX + r"\S+\.cc:\d+\] computation placer already registered\. ",
+    _PREFIX + r"devices\.cc:\d+\] Number of eligible GPUs \(core count >= \d+, compute "
+              r"capability >= [\d.]+\): \d+$",
+    _PREFIX + r"single_machine\.cc:\d+\] Starting new session$",
+))
+
+# What a noise line may start with: a partial line that could still become one is held
+# back until its end arrives (or HOLD_SECONDS pass), anything else is passed on at once.
+_STARTS = re.compile(r"[IWE]\d{0,4}(?: |$)|\d{1,4}(?:-|$)")
+_FIXED_STARTS = ("WARNING: All log messages before absl::InitializeLog()",
+                 "To enable the following instructions:")
+_HOLD_BYTES = 8192
+HOLD_SECONDS = 0.2
+_DRAIN_SECONDS = 1.0        # how long wait() waits for the filter to pass on the last lines
+
+_children = [False]         # process-wide: filter the stderr of the children memfit starts
+
+
+def is_noise(line: str) -> bool:
+    """Whether ``line`` (without its newline) is one of TensorFlow's start-up lines.
+
+    Args:
+        line: one line of a process's stderr.
+    """
+    line = line.rstrip("\r\n")
+    return any(p.match(line) for p in NOISE)
+
+
+def strip_noise(text: str) -> str:
+    """``text`` without TensorFlow's start-up lines (:data:`NOISE`).
+
+    Args:
+        text: what a process wrote to stderr.
+    """
+    return "".join(line for line in text.splitlines(keepends=True) if not is_noise(line))
+
+
+def _may_become_noise(start: str) -> bool:
+    """Whether a line that starts with ``start`` could be a noise line."""
+    return bool(_STARTS.match(start)) or any(s.startswith(start) or start.startswith(s)
+                                             for s in _FIXED_STARTS)
+
+
+class LineFilter:
+    """Takes TensorFlow's start-up lines out of a byte stream, as it arrives.
+
+    Whole lines are passed on or dropped; the start of a line that cannot become a noise
+    line (a progress bar, a prompt) is passed on at once, one that could is held until its
+    end arrives or :meth:`flush` is called.
+
+    Example:
+        >>> f = LineFilter()
+        >>> f.feed(b"step 1\\nWARNING: All log messages before absl::InitializeLog() is ")
+        b'step 1\\n'
+        >>> f.feed(b"called are written to STDERR\\n10%|#")
+        b'10%|#'
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+        self._passing = False       # in a line whose start was passed on already
+
+    @property
+    def pending(self) -> bool:
+        """Whether the start of a line is held back."""
+        return bool(self._held)
+
+    def feed(self, data: bytes) -> bytes:
+        """What to pass on of ``data`` (and of what was held before it).
+
+        Args:
+            data: the next bytes of the stream.
+        """
+        out = []
+        data, self._held = self._held + data, b""
+        while data:
+            end = data.find(b"\n")
+            if end < 0:
+                text = data.decode("utf-8", "replace")
+                if self._passing or len(data) > _HOLD_BYTES or not _may_become_noise(text):
+                    out.append(data)
+                    self._passing = True
+                else:
+                    self._held = data
+                break
+            line, data = data[:end + 1], data[end + 1:]
+            if self._passing or not is_noise(line.decode("utf-8", "replace")):
+                out.append(line)
+            self._passing = False
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The held start of a line, passed on as it is (the stream paused or ended)."""
+        out, self._held = self._held, b""
+        if out:
+            self._passing = True
+        return out
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Writes ``data`` to ``fd``; ``False`` once the reader is gone (then keep draining)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def _pump(read_fd: int, write_fd: int) -> None:
+    """Passes a child's stderr on to ``write_fd`` through a :class:`LineFilter`, until the
+    last writer closes it. It always drains the pipe, so the child never blocks on it."""
+    f = LineFilter()
+    alive = True
+    try:
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], HOLD_SECONDS if f.pending else None)
+            if not ready:
+                alive = alive and _write_all(write_fd, f.flush())
+                continue
+            try:
+                data = os.read(read_fd, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            passed = f.feed(data)
+            if alive and passed:
+                alive = _write_all(write_fd, passed)
+        if alive:
+            _write_all(write_fd, f.flush())
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+class FilteredPopen(subprocess.Popen):
+    """A :class:`subprocess.Popen` whose stderr reaches ``stderr`` (default: this
+    process's) through a :class:`LineFilter`; ``wait()`` and ``poll()`` return once its
+    last lines are passed on, so what memfit prints after a child's end comes after them.
+
+    Example:
+        >>> p = FilteredPopen([sys.executable, "-c", "pass"])
+        >>> p.wait()
+        0
+
+    Args:
+        args: the command.
+        stderr: an open file (its descriptor is duplicated: the caller may close it once
+            the process started), or ``None`` for this process's standard error.
+        **kwargs: the other arguments of :class:`subprocess.Popen`.
+    """
+
+    def __init__(self, args: Sequence[str], *, stderr: Any = None, **kwargs: Any):
+        target = os.dup(2 if stderr is None else stderr.fileno())
+        read_fd, write_fd = os.pipe()
+        try:
+            super().__init__(args, stderr=write_fd, **kwargs)
+        except BaseException:
+            for fd in (target, read_fd):
+                os.close(fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self._filter = threading.Thread(target=_pump, args=(read_fd, target), daemon=True,
+                                        name=f"memfit-stderr-{self.pid}")
+        self._filter.start()
+
+    def _drained(self) -> None:
+        # A grandchild that outlives the child may hold the pipe open: do not wait for it.
+        self._filter.join(timeout=_DRAIN_SECONDS)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._drained()
+        return code
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        if code is not None:
+            self._drained()
+        return code
+
+
+def filters_children() -> bool:
+    """Whether the children memfit starts now have TensorFlow's start-up lines filtered
+    (inside :func:`quieted`)."""
+    return _children[0]
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Imports ``tensorflow`` (the first time anything does) with fd 2 held."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "tensorflow":
+            return None
+        _uninstall(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any):
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:        # get_data, get_resource_reader...
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with _held_stderr(), _log_level():
+            self._loader.exec_module(module)
+            # The first device query logs cuInit's error on a machine without a GPU: here,
+            # while held. Listing physical devices leaves them configurable.
+            with contextlib.suppress(Exception):
+                module.config.list_physical_devices()
+
+
+def _uninstall(finder: _QuietImport) -> None:
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(finder)
+
+
+@contextlib.contextmanager
+def _held_stderr() -> Iterator[None]:
+    """Points fd 2 at a temporary file; at the end, writes back all but the noise."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                held.seek(0)
+                kept = strip_noise(held.read().decode("utf-8", "replace"))
+                if kept:
+                    _write_all(2, kept.encode("utf-8"))
+    finally:
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _log_level() -> Iterator[None]:
+    """``TF_CPP_MIN_LOG_LEVEL=1`` while TensorFlow reads it, unless the user set it."""
+    if LOG_LEVEL_ENV in os.environ:
+        yield
+        return
+    os.environ[LOG_LEVEL_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(LOG_LEVEL_ENV, None)
+
+
+@contextlib.contextmanager
+def quieted(enabled: bool = True) -> Iterator[None]:
+    """TensorFlow's start-up lines off the screen while the block runs: in this process's
+    own import of TensorFlow (if it happens in the block) and in the stderr of the
+    children :func:`memfit.process.start` starts. ``enabled=False`` (``--verbose``)
+    changes nothing.
+
+    Example:
+        >>> with quieted():                                      # doctest: +SKIP
+        ...     import tensorflow                                # no start-up lines
+
+    Args:
+        enabled: whether to filter.
+    """
+    if not enabled:
+        yield
+        return
+    finder = None
+    if "tensorflow" not in sys.modules:
+        finder = _QuietImport()
+        sys.meta_path.insert(0, finder)
+    previous, _children[0] = _children[0], True
+    try:
+        yield
+    finally:
+        _children[0] = previous
+        if finder is not None:
+            _uninstall(finder)
+
+
+_SHUFFLE_WARNING = ("`shuffle=True` was passed, but will be ignored since the data `x` was "
+                    "provided as a tf.data.Dataset")
+
+
+def ignore_keras_shuffle_warning() -> None:
+    """Filters Keras's "`shuffle=True` was passed, but will be ignored…" warning for
+    ``tf.data.Dataset`` inputs (that message only, raised from Keras): ``fit`` passes
+    ``shuffle=True`` by default, and a ``memfit.dataset`` is shuffled already."""
+    warnings.filterwarnings("ignore", message=re.escape(_SHUFFLE_WARNING),
+                            category=UserWarning, module=r"keras\.")

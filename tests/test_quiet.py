@@ -1,0 +1,110 @@
+"""memfit.quiet: TensorFlow's start-up lines filtered by what they say, nothing else."""
+
+import os
+import sys
+import warnings
+
+import numpy as np
+
+from memfit import process, quiet
+from memfit.quiet import FilteredPopen, LineFilter, is_noise, quieted, strip_noise
+
+# As TensorFlow 2.21 prints them on this machine (no GPU), in order.
+STARTUP = """\
+WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796135732.561436   21952 port.cc:153] oneDNN custom operations are on. You may \
+see slightly different numerical results due to floating-point round-off errors from \
+different computation orders. To turn them off, set the environment variable \
+`TF_ENABLE_ONEDNN_OPTS=0`.
+I0000 00:00:1796135732.561688   21952 cudart_stub.cc:31] Could not find cuda drivers on your \
+machine, GPU will not be used.
+I0000 00:00:1796135732.647923   21952 cpu_feature_guard.cc:227] This TensorFlow binary is \
+optimized to use available CPU instructions in performance-critical operations.
+To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 AVX_VNNI FMA, in \
+other operations, rebuild TensorFlow with the appropriate compiler flags.
+E0000 00:00:1796135735.855504   21952 cuda_platform.cc:52] failed call to cuInit: INTERNAL: \
+CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)
+I0000 00:00:1796135816.346990   22985 devices.cc:67] Number of eligible GPUs (core count >= \
+8, compute capability >= 0.0): 0
+I0000 00:00:1796135816.347236   22985 single_machine.cc:376] Starting new session
+2025-09-17 14:44:05.157831: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not \
+find cuda drivers on your machine, GPU will not be used.
+"""
+KEPT = """\
+Epoch 1/2
+W0000 00:00:1796135816.347236   22985 bfc_allocator.cc:501] Allocator (cpu) ran out of memory
+E0000 00:00:1796135816.347236   22985 some_op.cc:12] a real error
+Information: I keep this
+"""
+
+
+def test_every_startup_line_is_noise_and_nothing_else():
+    assert all(is_noise(line) for line in STARTUP.splitlines())
+    assert not any(is_noise(line) for line in KEPT.splitlines())
+    mixed = "".join(a + b for a, b in zip(STARTUP.splitlines(True), KEPT.splitlines(True),
+                                          strict=False))
+    assert strip_noise(mixed) == KEPT
+
+
+def test_the_line_filter_passes_progress_at_once_and_holds_what_may_be_noise():
+    f = LineFilter()
+    assert f.feed(b" 10%|#") == b" 10%|#" and not f.pending       # a progress bar: at once
+    assert f.feed(b"#\r 20%|##\n") == b"#\r 20%|##\n"
+    mixed = "".join(a + b for a, b in zip(STARTUP.splitlines(True), KEPT.splitlines(True),
+                                          strict=False)).encode()
+    out = b"".join(f.feed(mixed[i:i + 7]) for i in range(0, len(mixed), 7))
+    assert out + f.flush() == KEPT.encode()                      # in 7-byte pieces
+    assert f.feed(b"I0000 00:00:1.2 ") == b"" and f.pending       # held: may be noise
+    assert f.flush() == b"I0000 00:00:1.2 " and f.feed(b"x\n") == b"x\n"
+
+
+CHILD = ("import sys\n"
+         f"sys.stderr.write({STARTUP!r})\n"
+         "sys.stderr.write('user error line\\n'); sys.stderr.flush()\n"
+         "print('user output', flush=True)\n")
+
+
+def test_a_filtered_child_keeps_its_output_and_loses_the_startup_lines(tmp_path):
+    err = tmp_path / "err.txt"
+    with open(err, "wb") as f:
+        proc = FilteredPopen([sys.executable, "-c", CHILD], stderr=f,
+                             stdout=open(tmp_path / "out.txt", "wb"))
+    assert proc.wait() == 0 and proc.stderr is None
+    assert err.read_text() == "user error line\n"     # all there once wait() returned
+    assert (tmp_path / "out.txt").read_text() == "user output\n"
+
+
+def test_start_filters_only_inside_quieted(tmp_path):
+    def run() -> str:
+        with open(tmp_path / "err.txt", "wb") as f:
+            assert process.start([sys.executable, "-c", CHILD], {}, stderr=f).wait() == 0
+        return (tmp_path / "err.txt").read_text()
+
+    assert STARTUP in run()                       # memfit watch, library calls: unchanged
+    with quieted():
+        assert quiet.filters_children()
+        assert run() == "user error line\n"
+        level = process.start([sys.executable, "-c", "import os; print(os.environ.get("
+                               "'TF_CPP_MIN_LOG_LEVEL'))"], {}, stdout=open(tmp_path / "env", "wb"))
+        assert level.wait() == 0               # the environment is not changed
+        assert (tmp_path / "env").read_text().strip() == str(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+    with quieted(False):                          # --verbose
+        assert STARTUP in run()
+    assert not quiet.filters_children()
+
+
+def test_memfit_datasets_do_not_trigger_kerass_shuffle_warning(tmp_path):
+    import keras
+
+    import memfit
+
+    rng = np.random.default_rng(0)
+    memfit.pack({"x": rng.random((64, 4), dtype=np.float32),
+                 "y": rng.random((64, 1), dtype=np.float32)}, tmp_path / "ds")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = memfit.dataset(tmp_path / "ds", 16, features=("x", "y"))
+        model.fit(ds, epochs=1, verbose=0)
+    assert not [w for w in seen if "shuffle=True" in str(w.message)]
