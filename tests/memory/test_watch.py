@@ -166,9 +166,13 @@ def test_a_steady_leak_is_a_leak_and_a_flat_run_is_not(tmp_path):
     assert leak.verdict.kind == "leak" and leak.basis == "time slices"
     assert leak.peak.rss_anon >= 150 * MiB
     assert leak.note == OUTSIDE_NOTE and OUTSIDE_NOTE in str(leak)
-    assert leak.verdict.fix in str(leak) and leak.verdict.headline in str(leak)
+    assert leak.verdict.fix in str(leak) and leak.headline in str(leak)
+    # time slices are not epochs: a rate per minute, never "per epoch over 10 epochs"
+    assert "/min" in leak.headline and "/epoch" not in str(leak)
     assert flat.verdict.kind in ("stable", "warm-up")
     assert flat.note is None and "Note:" not in str(flat)
+    assert flat.headline.startswith("level:") and "/min" not in str(flat)
+    assert "memfit doctor" in flat.fix and "memory_budget" not in str(flat)
     verdict_event = events(leak.log_path)[-1]
     samples = [r for r in events(leak.log_path) if r["event"] == "sample"]
     assert verdict_event["verdict"] == "leak"

@@ -2,20 +2,23 @@
 
 The command runs unchanged; memfit watches its process tree from outside and, in its
 Python processes that import Keras, a probe (put in through $PYTHONPATH: no edit of the
-script) watches model.fit step by step and ends the training after --steps steps (or
---seconds seconds), then measures: the NumPy arrays and tf.data buffers held, the memory
-per step (leak, allocator retention, warm-up), the model's training step (memfit
-estimate) and, on a GPU, its memory settings and who else uses the device. It then
-prints a ranked list of findings, each with the numbers measured, why they matter and
-the memfit command or code change that fixes it. A finding that does not apply is not
-shown. Everything goes to WORKDIR: memory.jsonl (`memfit report WORKDIR` draws it) and
-doctor.json (what --json prints).
+script) watches model.fit step by step and ends the training after --epochs epochs (by
+default 3 epochs or 120 s, whichever comes first: long enough to see what repeats every
+epoch), --steps steps or --seconds seconds, then measures: the NumPy arrays (and Python
+lists of them) and tf.data buffers held, the memory per step (leak, allocator retention,
+warm-up), what a del + gc.collect() between fit() calls leaves and what a malloc_trim
+gives back, the model's training step (memfit estimate) and, on a GPU, its memory
+settings and who else uses the device. It then prints a ranked list of findings, each
+with the numbers measured, why they matter and the memfit command or code change that
+fixes it. A finding that does not apply is not shown. Everything goes to WORKDIR:
+memory.jsonl (`memfit report WORKDIR` draws it) and doctor.json (what --json prints).
 
 Exit code: the command's (0 when the doctor stopped it), 127 when it does not exist,
 2 on bad arguments.
 
 examples:
   memfit doctor -- python train.py --epochs 50
+  memfit doctor --epochs 5 -- python train.py
   memfit doctor --steps 200 --workdir runs/doctor -- python train.py
   memfit doctor --seconds 120 -- python train.py
   memfit doctor --json -- python train.py > findings.json
@@ -49,6 +52,17 @@ def _steps(value: str) -> int:
     return steps
 
 
+def _epochs(value: str) -> int:
+    try:
+        epochs = int(value)
+    except ValueError:
+        epochs = 0
+    if epochs < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer number of epochs, such "
+                                         f"as 3. Received: --epochs {value!r}")
+    return epochs
+
+
 def _seconds(value: str) -> float:
     try:
         seconds = float(value)
@@ -61,15 +75,23 @@ def _seconds(value: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from memfit.doctor.run import DEFAULT_INTERVAL, DEFAULT_STEPS, DEFAULT_WORKDIR
+    from memfit.doctor.run import (
+        DEFAULT_EPOCHS,
+        DEFAULT_INTERVAL,
+        DEFAULT_SECONDS,
+        DEFAULT_WORKDIR,
+    )
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--epochs", type=_epochs, metavar="N",
+                   help=f"epochs to run, over all fit() calls (default: {DEFAULT_EPOCHS}, or "
+                        f"{DEFAULT_SECONDS:.0f} s, whichever comes first)")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--steps", type=_steps, metavar="N",
-                       help=f"training steps to run, over all fit() calls (default: "
-                            f"{DEFAULT_STEPS})")
+                       help="or training steps to run, over all fit() calls")
     bound.add_argument("--seconds", type=_seconds, metavar="S",
-                       help="or seconds to run, from the start of the command")
+                       help="or seconds to run, from the start of the command (with "
+                            "--epochs: whichever comes first)")
     p.add_argument("--json", action="store_true",
                    help="print the findings as JSON on stdout (the command's own output goes "
                         "to stderr)")
@@ -103,8 +125,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with _stdout_to_stderr(args.json):
+            if args.steps is not None and args.epochs is not None:
+                print("memfit doctor: error: give --steps or --epochs, not both. Received: "
+                      f"--steps {args.steps} --epochs {args.epochs}", file=sys.stderr)
+                return 2
             result = doctor(args.cmd, steps=args.steps, seconds=args.seconds,
-                            workdir=args.workdir, interval=args.interval)
+                            epochs=args.epochs, workdir=args.workdir, interval=args.interval)
     except CommandStartError as e:
         print(f"memfit doctor: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -10,6 +10,13 @@ buffer once, however many views there are):
   object are looked at) or from a live stack frame — a module's globals, a function's
   locals, a list of batches, an object's attributes.
 
+Arrays kept by memfit's own input pipeline (the block reader's windows and scratch,
+prefetched windows, the arrays path's gathers) are not the user's data: they are found
+by ownership (reachable from an object of ``memfit.data`` through plain containers) and
+reported apart by :func:`memfit_buffers`, charged to the pipeline's budget. Many small
+arrays in one Python container (a list of ``(x, y)`` tuples, a dict of arrays) are
+counted together, as one :class:`ArrayInfo` with ``container`` set.
+
 Arrays backed by a memory-mapped file (``np.load(..., mmap_mode="r")``, ``np.memmap``)
 are reported apart: their pages are file-backed page cache, not anonymous memory.
 
@@ -31,7 +38,13 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["ArrayInfo", "fit_arrays", "resident_arrays", "owner_of", "describe_array"]
+__all__ = ["ArrayInfo", "fit_arrays", "resident_arrays", "owner_of", "describe_array",
+           "memfit_buffers", "OWN_MODULES"]
+
+#: Objects of these modules own the arrays they reach: memfit's input pipeline.
+OWN_MODULES = ("memfit.data",)
+_OWN_DEPTH = 6                  # hops from a memfit.data object through plain containers
+_OWN_MAX_NODES = 200_000        # objects looked at, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +57,9 @@ class ArrayInfo:
         nbytes: bytes of the owner's buffer.
         mapped: backed by a memory-mapped file (page cache, not anonymous memory).
         names: where it was seen: ``fit(x)``, a variable name (``x_train``), ...
+        container: for many small arrays held by one Python container, what it is
+            (``"list of 6,000 tuples"``); ``shape`` is then ``(arrays,)``, ``dtype`` the
+            arrays' dtypes, ``nbytes`` their total.
     """
 
     shape: tuple[int, ...]
@@ -51,15 +67,18 @@ class ArrayInfo:
     nbytes: int
     mapped: bool
     names: tuple[str, ...] = ()
+    container: str | None = None
 
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes,
-                "mapped": self.mapped, "names": list(self.names)}
+                "mapped": self.mapped, "names": list(self.names),
+                "container": self.container}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ArrayInfo:
         return cls(tuple(data["shape"]), data["dtype"], int(data["nbytes"]),
-                   bool(data["mapped"]), tuple(data.get("names", ())))
+                   bool(data["mapped"]), tuple(data.get("names", ())),
+                   data.get("container"))
 
 
 def _numpy() -> Any:
@@ -151,37 +170,144 @@ def _scopes() -> Iterator[Mapping[str, Any]]:
 def _name(owners: dict[int, tuple[Any, bool, list[str]]]) -> None:
     """Adds the variables (of ``__main__`` and the stacks) that hold each owner or a view."""
     ndarray = _numpy().ndarray
+
+    def note(value: Any, name: str) -> None:
+        owner, _ = owner_of(value)
+        names = owners.get(id(owner), (None, None, None))[2]
+        if names is not None and name not in names:
+            names.append(name)
+
     for scope in _scopes():
         for name, value in list(scope.items()):
-            if isinstance(value, ndarray) and not name.startswith("_"):
-                owner, _ = owner_of(value)
-                names = owners.get(id(owner), (None, None, None))[2]
-                if names is not None and name not in names:
-                    names.append(name)
+            if name.startswith("_"):
+                continue
+            if isinstance(value, ndarray):
+                note(value, name)
+            elif isinstance(value, list | tuple) and len(value) <= 10_000:
+                for i, item in enumerate(value):     # a list that keeps arrays: KEPT[3]
+                    if isinstance(item, ndarray):
+                        note(item, f"{name}[{i}]")
+
+
+_PLAIN = (dict, list, tuple, set, frozenset)
+
+
+def _module(obj: Any) -> str:
+    """The module of ``obj``'s class ("" when it has none a string names)."""
+    module = getattr(type(obj), "__module__", "")
+    return module if isinstance(module, str) else ""
+
+
+def _own_arrays(objects: list[Any]) -> dict[int, Any]:
+    """Owners of the arrays reachable from objects of :data:`OWN_MODULES`, by id."""
+    np = _numpy()
+    frontier = [o for o in objects if _module(o).startswith(OWN_MODULES)]
+    seen = {id(o) for o in frontier}
+    found: dict[int, Any] = {}
+    for _ in range(_OWN_DEPTH):
+        following = []
+        for obj in frontier:
+            for ref in gc.get_referents(obj):
+                if id(ref) in seen:
+                    continue
+                seen.add(id(ref))
+                if isinstance(ref, np.ndarray):
+                    owner, _ = owner_of(ref)
+                    found[id(owner)] = owner
+                    continue
+                module = _module(ref)
+                # plain containers, memfit's objects and futures holding built windows;
+                # never modules, functions, classes, frames or threads
+                if isinstance(ref, _PLAIN) or module.startswith(("memfit.", "concurrent.",
+                                                                 "collections", "queue")):
+                    following.append(ref)
+        frontier = following
+        if not frontier or len(seen) > _OWN_MAX_NODES:
+            break
+    return found
+
+
+def memfit_buffers(*, min_bytes: int = 2**20) -> tuple[int, int]:
+    """memfit's own pipeline buffers alive: ``(arrays, bytes)`` of at least ``min_bytes``.
+
+    Example:
+        >>> memfit_buffers()            # no memfit dataset in this process
+        (0, 0)
+    """
+    if _numpy() is None:
+        return 0, 0
+    owned = [o for o in _own_arrays(gc.get_objects()).values() if o.nbytes >= min_bytes]
+    return len(owned), sum(int(o.nbytes) for o in owned)
+
+
+def _containers(objects: list[Any], taken: set[int], min_bytes: int,
+                small: int) -> list[ArrayInfo]:
+    """Lists, dicts and tuples holding many small arrays (an element, or an element's
+    element: a list of ``(x, y)`` tuples), each array counted once, largest first."""
+    ndarray = _numpy().ndarray
+    candidates = []
+    for obj in objects:
+        if not isinstance(obj, list | dict) or len(obj) < 16:
+            continue
+        items = obj.values() if isinstance(obj, dict) else obj
+        arrays: dict[int, Any] = {}
+        inner: set[str] = set()
+        try:
+            for item in list(items)[:1_000_000]:
+                if isinstance(item, ndarray):
+                    arrays[id(item)] = item
+                    inner.add("arrays")
+                elif isinstance(item, tuple | list | dict):
+                    inner.add(type(item).__name__ + "s")
+                    for sub in (item.values() if isinstance(item, dict) else item):
+                        if isinstance(sub, ndarray):
+                            arrays[id(sub)] = sub
+        except RuntimeError:            # changed size while read (another thread)
+            continue
+        total = sum(int(a.nbytes) for a in arrays.values() if a.nbytes < small)
+        if total >= min_bytes:
+            candidates.append((total, obj, arrays, inner))
+    out = []
+    for _, obj, arrays, inner in sorted(candidates, key=lambda c: c[0], reverse=True):
+        mine = [a for i, a in arrays.items() if i not in taken and a.nbytes < small]
+        total = sum(int(a.nbytes) for a in mine)
+        if total < min_bytes:
+            continue
+        taken.update(id(a) for a in mine)
+        kind = f"{type(obj).__name__} of {len(obj):,} " + "/".join(sorted(inner))
+        dtypes = "/".join(sorted({str(a.dtype) for a in mine}))
+        names = tuple(n for scope in _scopes() for n, v in list(scope.items())
+                      if v is obj and not n.startswith("_"))
+        out.append(ArrayInfo((len(mine),), dtypes, total, False, names[:3], kind))
+    return out
 
 
 def resident_arrays(*, min_bytes: int = 2**20) -> list[ArrayInfo]:
-    """Every array alive in this process with a buffer of at least ``min_bytes``.
+    """Every array alive in this process with a buffer of at least ``min_bytes``, and
+    the Python containers whose small arrays come to that much together.
 
-    Names are the variables that hold the array (or a view of it) in ``__main__`` and
-    in the frames of every thread's stack. Takes about half a second in a process with
-    TensorFlow loaded (it looks at every tracked object once).
+    Names are the variables that hold the array (or a view of it, or the container) in
+    ``__main__`` and in the frames of every thread's stack. memfit's own pipeline
+    buffers are left out (:func:`memfit_buffers` counts them). Takes about half a
+    second in a process with TensorFlow loaded (it looks at every tracked object once).
 
     Args:
-        min_bytes: smaller buffers are left out.
+        min_bytes: smaller buffers (and containers) are left out.
     """
     np = _numpy()
     if np is None:
         return []
     owners: dict[int, tuple[Any, bool, list[str]]] = {}
+    objects = gc.get_objects()
+    own = _own_arrays(objects)
 
     def add(candidate: Any) -> None:
         owner, mapped = owner_of(candidate)
-        if owner.nbytes >= min_bytes and id(owner) not in owners:
+        if owner.nbytes >= min_bytes and id(owner) not in owners and id(owner) not in own:
             owners[id(owner)] = (owner, mapped, [])
 
     ndarray = np.ndarray
-    for obj in gc.get_objects():
+    for obj in objects:
         for ref in gc.get_referents(obj):
             if isinstance(ref, ndarray):
                 add(ref)
@@ -190,4 +316,6 @@ def resident_arrays(*, min_bytes: int = 2**20) -> list[ArrayInfo]:
             if isinstance(value, ndarray):
                 add(value)
     _name(owners)
-    return _infos(owners)
+    containers = _containers(objects, set(own), min_bytes, small=min_bytes)
+    del objects
+    return sorted(_infos(owners) + containers, key=lambda a: a.nbytes, reverse=True)

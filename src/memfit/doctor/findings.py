@@ -15,6 +15,10 @@ data-in-ram        NumPy arrays given to ``fit`` (and Keras's copy of them), oth
 activations        the memory the estimator says grows with the batch (activations, their
                    gradients, kernel buffers) at the run's batch size is at least
                    ``ACTIVATIONS_MIN`` and ``ACTIVATIONS_SHARE`` of the model's training memory
+allocator-retention  after ``del`` + ``gc.collect()`` between ``fit`` calls, a
+                   ``malloc_trim(0)`` gave back at least ``KEPT_MIN`` (the seed story: data
+                   built in Python lists every epoch); it takes in data-in-ram's fix and
+                   replaces that finding and a non-leak memory-growth one
 memory-growth      the classifier's verdict on the run's memory is a leak, or allocator
                    retention of at least ``RETENTION_MIN`` (or a warm-up of ``WARMUP_MIN``)
 gpu-no-limit       a GPU without memory growth or a cap, shared with other processes
@@ -35,11 +39,12 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from memfit.memory.classify import KEPT_MIN
 from memfit.memory.sizes import format_size
 
 __all__ = ["Finding", "Facts", "RULES", "diagnose", "DATA_MIN", "DATA_SHARE",
            "ACTIVATIONS_MIN", "ACTIVATIONS_SHARE", "WARMUP_MIN", "RETENTION_MIN", "BUFFER_MIN",
-           "SHUFFLE_TARGET"]
+           "SHUFFLE_TARGET", "KEPT_MIN"]
 
 MiB = 2**20
 DATA_MIN = 64 * MiB             # data held in RAM below this is not worth streaming
@@ -148,6 +153,16 @@ def _tuple(items: Sequence[str]) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def _alive(a: Mapping[str, Any]) -> str:
+    """``x_train: float32 (6000, 48, 64) 70.3 MiB`` or, for a container of small arrays,
+    ``samples: a list of 6,000 tuples of float32/int32 arrays, 70.4 MiB``."""
+    name = (a.get("names") or ["unnamed"])[0]
+    if a.get("container"):
+        return (f"{name}: a {a['container']} of {a['dtype']} arrays ({a['shape'][0]:,} "
+                f"arrays, {_size(a['nbytes'])})")
+    return f"{name}: {a['dtype']} {tuple(a['shape'])} {_size(a['nbytes'])}"
+
+
 def data_in_ram(f: Facts) -> Finding | None:
     """The data set (or other large arrays) held in the process's memory."""
     if not f.probe:
@@ -188,14 +203,15 @@ def data_in_ram(f: Facts) -> Finding | None:
         parts.append(f"cache() without a file name keeps {_size(cache_bytes)} "
                      f"({caches[0]['elements']} elements) in memory after the first epoch")
     if others >= DATA_MIN // 4:
-        listed = ", ".join(f"{(a['names'] or ['?'])[0]}: {a['dtype']} {tuple(a['shape'])} "
-                           f"{_size(a['nbytes'])}" for a in alive[:3])
+        listed = ", ".join(_alive(a) for a in alive[:3])
         parts.append(f"{_size(others)} of other NumPy arrays stay alive during training "
                      f"({listed})")
     measured = ("; ".join(parts) + f". Together about {_size(held)} of the "
                 f"{_size(peak)} peak anonymous RSS ({_share(held, peak)}).")
     batch = fit.get("batch_size") or 32
-    names = [_names(a, i) for i, a in enumerate(given[:4] or alive[:2])]
+    names = [_names(a, i) for i, a in enumerate(given[:4] or
+                                                [a for a in alive if not a.get("container")][:2]
+                                                or alive[:2])]
     features = _tuple([f'"{k}"' for k, _ in names])
     sources = ", ".join(f'"{k}": "data/{k}.npy"' for k, _ in names)
     saves_text = "; ".join(f'np.save("data/{k}.npy", {v})' for k, v in names)
@@ -227,6 +243,61 @@ def data_in_ram(f: Facts) -> Finding | None:
         fix, {"held": held, "fit_arrays": given_bytes, "keras_copy": copy,
               "tensors": tensors, "cache": cache_bytes, "other_arrays": others,
               "budget": budget, "peak": peak})
+
+
+# -- memory kept after del + gc.collect() -------------------------------------------------
+
+def kept_after_del(f: Facts) -> Finding | None:
+    """The seed story: memory kept after ``del`` + ``gc.collect()`` that a trim gives back."""
+    k = (f.probe or {}).get("kept")
+    if not k or "error" in k or (k.get("released") or 0) < KEPT_MIN:
+        return None
+    releases = (f.probe or {}).get("releases") or []
+    released, stayed, before = int(k["released"]), int(k["kept"]), int(k["before"])
+    measured = (f"after del + gc.collect() between fit() calls, anonymous RSS stayed at "
+                f"{_size(stayed)} ({_size(before)} at the end of the fit() call before); a "
+                f"malloc_trim(0) right after gave back {_size(released)} of it, down to "
+                f"{_size(stayed - released)}")
+    if len(releases) > 1:
+        measured += f" (the largest of {len(releases)} collections seen, one per epoch)"
+    containers = [a for a in ((f.probe or {}).get("arrays") or {}).get("largest", [])
+                  if a.get("container")]
+    given = [a for a in f.fit.get("arrays", []) if not a["mapped"]]
+    if containers:
+        measured += (". The script builds its data in Python: "
+                     + "; ".join(_alive(a) for a in containers[:2]))
+        if given:
+            names = ", ".join(dict.fromkeys(_names(a, i)[1] for i, a in enumerate(given)))
+            measured += (f", stacked into {names} "
+                         f"({_size(sum(a['nbytes'] for a in given))}) for fit()")
+    measured += "."
+    data = data_in_ram(f)
+    stream = data.fix if data else (
+        'train = memfit.dataset("data/train", batch_size)   # after: memfit pack '
+        "x=data/x.npy y=data/y.npy -o data/train",)
+    fix = ("1. stream the data: nothing is built in RAM, so nothing is kept",
+           *(f"   {line}" for line in stream),
+           "2. or give the freed memory back to the OS:",
+           "   gc.collect(); memfit.malloc_trim()      # one line, after each del",
+           '   model.fit(..., callbacks=[memfit.MemoryMonitor("runs/exp", trim="epoch")])'
+           "   # trims at every epoch end and after a gc.collect() between fit() calls",
+           "3. last resort, one process per epoch:",
+           f"   memfit run --restart-every 1 -- {f.cmd}   # resumed exactly from the last "
+           "checkpoint (the script uses memfit.session(), docs/supervise.md)")
+    at_stake = released + (data.bytes if data else 0)
+    return Finding(
+        "allocator-retention",
+        "Memory stays after del + gc.collect(): the allocator keeps what was freed "
+        "(not a leak)", at_stake, measured,
+        "del + gc.collect() did free the data, but glibc keeps freed small chunks (the "
+        "many small arrays of a list of tuples) in its arenas for reuse instead of "
+        "returning them to the OS: this is the allocator keeping freed memory, not a "
+        "Python leak. RSS stays high after every del, and with fragmentation a training "
+        "that builds its data again every epoch creeps up until it runs out of memory. "
+        "Streaming avoids building the data at all; a trim returns what was freed.",
+        fix, {"released": released, "kept": stayed, "before": before,
+              "releases": releases, "containers": containers,
+              "data": None if data is None else dict(data.details)})
 
 
 # -- activations ---------------------------------------------------------------------------
@@ -325,7 +396,7 @@ def memory_growth(f: Facts) -> Finding | None:
     basis = v.get("basis", "time slices")
     fit = f.fit
     planned = None
-    if fit.get("steps_per_epoch"):
+    if fit.get("steps_per_epoch") and (f.probe or {}).get("fits", 1) <= 1:
         planned = int(fit["steps_per_epoch"]) * max(1, int(fit.get("epochs", 1))
                                                     - int(fit.get("initial_epoch", 0)))
     per_step = v.get("per_step")
@@ -355,6 +426,15 @@ def memory_growth(f: Facts) -> Finding | None:
         hints.append(f"tf.function {r['name']!r} was traced {r['traces']} times: it is called "
                      f"with new Python numbers or shapes; pass tensors (tf.constant(x)), or "
                      f"fix its input_signature=[tf.TensorSpec(...)] or reduce_retracing=True")
+    alive = [a for a in ((f.probe or {}).get("arrays") or {}).get("largest", [])
+             if not a["mapped"]]
+    given = {tuple(a["shape"]) for a in fit.get("arrays", [])}
+    suspects = [a for a in alive if tuple(a["shape"]) not in given]
+    if kind == "leak" and sum(a["nbytes"] for a in suspects) >= DATA_MIN // 4:
+        hints.append(f"{_size(sum(a['nbytes'] for a in suspects))} of NumPy arrays stay "
+                     f"alive outside fit()'s arguments ("
+                     + ", ".join(_alive(a) for a in suspects[:3])
+                     + "): a list that keeps arrays grows every epoch")
     if hints:
         measured += ". " + "; ".join(hints)
     measured += "."
@@ -389,9 +469,10 @@ def memory_growth(f: Facts) -> Finding | None:
         why = ("Caches, tf.function traces, allocator pools and pipeline buffers fill once; "
                "this is not a leak, but it is part of what the run needs.")
         fix = ("count the warm-up level in the budget: "
-               f"memfit run --max-rss {max_rss} -- {f.cmd}",
-               'memfit.dataset(..., memory_budget="128MiB")   # if the pipeline\'s buffers '
-               "are the part that fills")
+               f"memfit run --max-rss {max_rss} -- {f.cmd}",)
+        if fit.get("pipeline"):         # only a script that streams has buffers to lower
+            fix += ('memfit.dataset(..., memory_budget="128MiB")   # if the pipeline\'s '
+                    "buffers are the part that fills",)
     return Finding("memory-growth", title, at_stake, measured, why, fix,
                    {"verdict": kind, "basis": basis, "growth": growth,
                     "slope": v.get("slope"), "per_step": per_step, "planned_steps": planned,
@@ -489,10 +570,25 @@ def pipeline_buffers(f: Facts) -> Finding | None:
 
 
 RULES: tuple[Callable[[Facts], Finding | None], ...] = (
-    data_in_ram, activations, memory_growth, gpu_no_limit, pipeline_buffers)
+    kept_after_del, data_in_ram, activations, memory_growth, gpu_no_limit, pipeline_buffers)
 
 
 def diagnose(facts: Facts) -> list[Finding]:
-    """Applies every rule; the findings that apply, the most memory at stake first."""
+    """Applies every rule; the findings that apply, the most memory at stake first.
+
+    Memory kept after ``del`` (allocator-retention) tells the whole story of data built
+    in RAM and freed each epoch: it replaces data-in-ram (whose fix it carries) and a
+    memory-growth finding that is not a leak.
+    """
     found = [finding for rule in RULES if (finding := rule(facts)) is not None]
+    leak = any(x.kind == "memory-growth" and x.details.get("verdict") == "leak" for x in found)
+    data = next((x for x in found if x.kind == "data-in-ram"), None)
+    if leak and data is not None and \
+            data.details["held"] - data.details["other_arrays"] < DATA_MIN:
+        # only arrays outside fit()'s arguments, while memory grows: the leak's suspects
+        # (named in its finding), not data to stream
+        found.remove(data)
+    if any(x.kind == "allocator-retention" for x in found):
+        found = [x for x in found if x.kind != "data-in-ram" and not (
+            x.kind == "memory-growth" and x.details.get("verdict") != "leak")]
     return sorted(found, key=lambda finding: finding.bytes, reverse=True)

@@ -12,7 +12,13 @@ Attached by :mod:`memfit.doctor.hook` when the command imports Keras, it replace
    ``batch`` and ``epoch_end``);
 3. after ``$MEMFIT_DOCTOR_STEPS`` steps over all ``fit`` calls of the process (or when
    the ``$MEMFIT_DOCTOR_SECONDS`` deadline has passed) ends training at once, measures
-   the rest (:func:`finish`) and exits with code 0.
+   the rest (:func:`finish`) and exits with code 0. After ``$MEMFIT_DOCTOR_EPOCHS``
+   epoch ends it does the same; when that epoch is the last of its ``fit`` call (a
+   script that calls ``fit(epochs=1)`` in a loop), the call returns and the process
+   stops at the next ``fit``, so that what the script does between epochs is seen;
+4. between ``fit`` calls, measures what a ``del`` + ``gc.collect()`` leaves and what a
+   ``malloc_trim(0)`` right after gives back
+   (:class:`memfit.memory.allocator.ReleaseProbe`).
 
 :func:`finish` adds what needs the end of the run: the arrays alive
 (:func:`memfit.doctor.arrays.resident_arrays`), the classifier's verdict on the per-step
@@ -45,8 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit.atomic import write_text_atomic
-from memfit.doctor.arrays import fit_arrays, resident_arrays
+from memfit.doctor.arrays import fit_arrays, memfit_buffers, resident_arrays
 from memfit.doctor.pipeline import inspect_dataset, is_dataset
+from memfit.memory.allocator import ReleaseProbe
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import sample
 from memfit.workdir import WORKDIR_ENV
@@ -74,9 +81,11 @@ class _State:
     started: float
     steps_limit: int | None
     seconds_limit: float | None
+    epochs_limit: int | None
     results_dir: Path | None
     run_id: str
     steps: int = 0
+    epochs: int = 0
     fits: int = 0
     step_rss: list = dataclasses.field(default_factory=list)
     step_t: list = dataclasses.field(default_factory=list)
@@ -93,6 +102,7 @@ class _State:
     finished: bool = False
     log: MemoryLog | None = None
     callback: Any = None
+    release: ReleaseProbe = dataclasses.field(default_factory=ReleaseProbe)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -115,6 +125,7 @@ def _state(started: float | None = None) -> _State:
         _STATE = _State(pid=os.getpid(), started=started or time.time(),
                         steps_limit=_int_env("MEMFIT_DOCTOR_STEPS"),
                         seconds_limit=float(seconds) if seconds else None,
+                        epochs_limit=_int_env("MEMFIT_DOCTOR_EPOCHS"),
                         results_dir=Path(results) if results else None,
                         run_id=os.environ.get("MEMFIT_DOCTOR_RUN", "run"))
     return _STATE
@@ -247,9 +258,15 @@ def _callback_class(keras: Any) -> type:
             st = _state()
             s = sample()
             st.epoch_rss.append(_anon(s))
+            st.epochs += 1
             log = _log(st)
             if log is not None:
                 log.write("epoch_end", epoch=epoch, **s.as_record())
+            if st.epochs_limit is not None and st.epochs >= st.epochs_limit:
+                st.stop_reason = "epochs"
+                last = epoch + 1 >= int((self.params or {}).get("epochs") or epoch + 1)
+                if not last:
+                    raise _Stop()       # else fit returns; the next fit call stops
 
     return DoctorCallback
 
@@ -269,7 +286,11 @@ def _with_callback(callbacks: Any, callback: Any) -> Any:
 def _fit(original: Any, signature: inspect.Signature, keras: Any, model: Any,
          args: tuple, kwargs: dict) -> Any:
     st = _state()
+    st.release.disarm()
     if st.stop_reason is not None:              # stopped already; the script went on
+        finish()
+        sys.stdout.flush()
+        sys.stderr.flush()
         raise SystemExit(0)
     try:
         bound = signature.bind(model, *args, **kwargs)
@@ -293,7 +314,9 @@ def _fit(original: Any, signature: inspect.Signature, keras: Any, model: Any,
         st.fit_started = time.time()
     st.in_fit = True
     try:
-        return original(*bound.args, **bound.kwargs)
+        returned = original(*bound.args, **bound.kwargs)
+        st.release.arm()                # a del + gc.collect() before the next fit
+        return returned
     except _Stop:
         pass
     finally:
@@ -364,6 +387,14 @@ def _verdict(st: _State) -> dict | None:
                        trim_probe=malloc_trim if trim_available() else None)
     return {**verdict.to_record(), "basis": basis, "steps_per_value": unit,
             "per_step": verdict.slope / unit if unit else None, "values": values}
+
+
+def _kept(st: _State) -> dict | None:
+    """Allocator retention seen after del + gc.collect() between fit calls, or None."""
+    from memfit.memory.classify import classify_release
+
+    verdict = classify_release(st.release.releases)
+    return None if verdict is None else verdict.to_record()
 
 
 def _causes() -> dict:
@@ -457,8 +488,10 @@ def finish() -> dict | None:
         if st.finished or os.getpid() != st.pid:
             return None
         st.finished = True
+    st.release.close()
     final = sample()
     arrays = resident_arrays()
+    own_count, own_bytes = memfit_buffers()
     results: dict[str, Any] = {
         "format": FORMAT, "pid": st.pid, "argv": list(sys.argv), "run": st.run_id,
         "steps": st.steps, "fits": st.fits, "stopped": st.stop_reason,
@@ -472,9 +505,13 @@ def finish() -> dict | None:
         "fit": st.fit,
         "arrays": {"total": sum(a.nbytes for a in arrays if not a.mapped),
                    "mapped": sum(a.nbytes for a in arrays if a.mapped),
-                   "largest": [a.to_json() for a in arrays[:MAX_ARRAYS]]},
+                   "largest": [a.to_json() for a in arrays[:MAX_ARRAYS]],
+                   "memfit": {"count": own_count, "bytes": own_bytes}},
+        "epochs": st.epochs, "epochs_limit": st.epochs_limit,
+        "releases": [r.to_record() for r in st.release.releases],
     }
-    for key, compute in (("verdict", lambda: _verdict(st)), ("causes", _causes)):
+    for key, compute in (("verdict", lambda: _verdict(st)), ("causes", _causes),
+                         ("kept", lambda: _kept(st))):
         try:
             results[key] = compute()
         except Exception as e:      # noqa: BLE001

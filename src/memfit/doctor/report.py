@@ -7,8 +7,8 @@ Example:
     memfit doctor: python train.py
       40 training steps in 9.5 s (stopped by memfit doctor after 40 steps); exit code 0
     <BLANKLINE>
-    No memory problem found in this run (checked: data held in RAM, activations, memory
-    growth, GPU sharing, input pipeline buffers).
+    No memory problem found in this run (checked: data held in RAM, memory kept after
+    del, activations, memory growth, GPU sharing, input pipeline buffers).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ __all__ = ["DoctorResult", "format_finding", "WIDTH"]
 
 WIDTH = 96
 FORMAT = "memfit-doctor"
-CHECKED = "data held in RAM, activations, memory growth, GPU sharing, input pipeline buffers"
+CHECKED = ("data held in RAM, memory kept after del, activations, memory growth, GPU "
+           "sharing, input pipeline buffers")
 NO_PROBE = ("The in-process probe did not report: the command ran no Python process that "
             "imported Keras, or its Python ignored $PYTHONPATH (-E, -I, -S). Only the "
             "memory seen from outside was diagnosed.")
@@ -66,7 +67,9 @@ class DoctorResult:
         duration: seconds from start to exit.
         findings: what to change, the most memory at stake first.
         steps: training steps the probe saw (``None``: no probe report).
-        stopped: ``"steps"`` or ``"seconds"`` when the doctor stopped it, else ``None``.
+        epochs: epoch ends the probe saw, over all ``fit`` calls.
+        stopped: ``"steps"``, ``"epochs"`` or ``"seconds"`` when the doctor stopped it,
+            else ``None``.
         probe: whether the in-process probe reported.
         peak: the process tree's peak sample (from outside), or ``None``.
         verdict: the memory-growth verdict used (a ``Verdict`` record plus ``basis``).
@@ -88,6 +91,7 @@ class DoctorResult:
     workdir: Path | None = None
     log_path: Path | None = None
     measurements: dict | None = dataclasses.field(default=None, repr=False)
+    epochs: int | None = None
 
     def finding(self, kind: str) -> Finding | None:
         """The finding of this kind, or ``None``."""
@@ -118,6 +122,8 @@ class DoctorResult:
             ran = f"{self.steps} training steps in {self.duration:.1f} s"
         if self.stopped == "steps":
             ran += f" (stopped by memfit doctor after {self.steps} steps)"
+        elif self.stopped == "epochs":
+            ran += f" (stopped by memfit doctor after {self.epochs} epochs)"
         elif self.stopped == "seconds":
             ran += " (stopped by memfit doctor at its time limit)"
         elif self.exit_code == 0:

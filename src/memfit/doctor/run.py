@@ -3,7 +3,9 @@
 The command runs unchanged under :func:`memfit.memory.watch.watch` (its process tree is
 sampled from outside into ``WORKDIR/memory.jsonl``), with the in-process probe put into
 its Python processes through ``$PYTHONPATH`` (:mod:`memfit.doctor.site`). The probe ends
-the training after ``steps`` steps (or ``seconds`` seconds) and reports what it measured;
+the training after ``epochs`` epochs (by default 3, or at most 120 s: long enough to see
+what repeats every epoch), ``steps`` steps or ``seconds`` seconds, and reports what it
+measured;
 :func:`memfit.doctor.findings.diagnose` turns that into ranked findings.
 
 Example:
@@ -34,23 +36,43 @@ from memfit.memory.watch import watch
 from memfit.process import check_command
 from memfit.workdir import Workdir
 
-__all__ = ["doctor", "DEFAULT_STEPS", "DEFAULT_WORKDIR", "DEFAULT_INTERVAL", "check_limits"]
+__all__ = ["doctor", "DEFAULT_EPOCHS", "DEFAULT_SECONDS", "DEFAULT_WORKDIR",
+           "DEFAULT_INTERVAL", "check_limits"]
 
-DEFAULT_STEPS = 100
+DEFAULT_EPOCHS = 3              # epochs over all fit() calls: what repeats per epoch shows
+DEFAULT_SECONDS = 120.0         # ... or this many seconds, whichever comes first
 DEFAULT_WORKDIR = "memfit-doctor"
 DEFAULT_INTERVAL = 0.2
 
 
-def check_limits(steps: int | None, seconds: float | None) -> tuple[int | None, float | None]:
-    """Validates the run's bound: ``steps`` or ``seconds`` (default: DEFAULT_STEPS steps).
+def check_limits(steps: int | None, seconds: float | None, epochs: int | None = None
+                 ) -> tuple[int | None, float | None, int | None]:
+    """Validates the run's bound: ``steps``, or ``epochs`` and/or ``seconds`` (default:
+    :data:`DEFAULT_EPOCHS` epochs or :data:`DEFAULT_SECONDS` seconds, whichever first).
+
+    Example:
+        >>> check_limits(None, None)
+        (None, 120.0, 3)
+
+    Args:
+        steps: training steps over all ``fit`` calls.
+        seconds: seconds from the start of each Python process.
+        epochs: epoch ends over all ``fit`` calls.
 
     Raises:
-        ValueError: for both, a step count that is not a positive integer, or seconds that
-            are not a positive number, quoting the value.
+        ValueError: for steps with seconds or epochs, a count that is not a positive
+            integer, or seconds that are not a positive number, quoting the value.
     """
     if steps is not None and seconds is not None:
         raise ValueError(f"give steps or seconds, not both. Received: steps={steps!r}, "
                          f"seconds={seconds!r}")
+    if steps is not None and epochs is not None:
+        raise ValueError(f"give steps or epochs, not both. Received: steps={steps!r}, "
+                         f"epochs={epochs!r}")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                               or epochs < 1):
+        raise ValueError(f"epochs must be a positive integer number of epochs, such as 3. "
+                         f"Received: epochs={epochs!r}")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or steps < 1):
         raise ValueError(f"steps must be a positive integer number of training steps, such "
@@ -60,9 +82,9 @@ def check_limits(steps: int | None, seconds: float | None) -> tuple[int | None, 
                                 or not math.isfinite(seconds) or seconds <= 0):
         raise ValueError(f"seconds must be a positive number of seconds, such as 60. "
                          f"Received: seconds={seconds!r}")
-    if steps is None and seconds is None:
-        steps = DEFAULT_STEPS
-    return steps, seconds
+    if steps is None and seconds is None and epochs is None:
+        seconds, epochs = DEFAULT_SECONDS, DEFAULT_EPOCHS
+    return steps, seconds, epochs
 
 
 def _read_probe(results_dir: Path, run_id: str) -> dict | None:
@@ -82,15 +104,19 @@ def _read_probe(results_dir: Path, run_id: str) -> dict | None:
 
 
 def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float | None = None,
-           workdir: str | os.PathLike = DEFAULT_WORKDIR, interval: float = DEFAULT_INTERVAL,
+           epochs: int | None = None, workdir: str | os.PathLike = DEFAULT_WORKDIR,
+           interval: float = DEFAULT_INTERVAL,
            status: TextIO | None = None) -> DoctorResult:
     """Runs a training command for a bounded number of steps and diagnoses its memory.
 
     The command runs unchanged (same terminal and environment, plus the probe's
     variables). Its Python processes that import Keras get memfit's probe: ``fit`` is
-    watched step by step and ended after ``steps`` steps over all its calls, or once
-    ``seconds`` have passed since the process started; the process then exits with
-    code 0. A command that finishes sooner is measured at its end.
+    watched step by step and ended after ``epochs`` epoch ends or ``steps`` steps over
+    all its calls, or once ``seconds`` have passed since the process started; the
+    process then exits with code 0 (a script that calls ``fit(epochs=1)`` in a loop is
+    stopped at the ``fit`` call after the last epoch, so what it does between epochs,
+    such as ``del`` + ``gc.collect()``, is measured). A command that finishes sooner is
+    measured at its end.
 
     Example:
         >>> import memfit
@@ -100,8 +126,10 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
 
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
-        steps: training steps to run (default 100 when ``seconds`` is not given).
+        steps: training steps to run.
         seconds: or seconds to run, counted from each Python process's start.
+        epochs: or epochs to run, over all ``fit`` calls (with ``seconds``: whichever
+            comes first). With none of the three: 3 epochs or 120 s.
         workdir: where the log (``memory.jsonl``), the probe's results
             (``.doctor/``) and ``doctor.json`` go; created if missing.
         interval: seconds between samples of the process tree from outside.
@@ -112,14 +140,14 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
         findings; ``.to_json()`` for tools (what ``--json`` prints).
 
     Raises:
-        ValueError: an empty command, both or bad ``steps``/``seconds``, a bad
+        ValueError: an empty command, bad or clashing ``steps``/``seconds``/``epochs``, a bad
             ``interval`` (each quoting the value).
         MemfitError: a workdir that cannot be written or holds a file that is not a
             memfit log.
         CommandStartError: the command does not exist (exit code 127) or cannot be run.
     """
     command = check_command(command)
-    steps, seconds = check_limits(steps, seconds)
+    steps, seconds, epochs = check_limits(steps, seconds, epochs)
     if (isinstance(interval, bool) or not isinstance(interval, int | float)
             or not math.isfinite(interval) or interval <= 0):
         raise ValueError(f"interval must be a positive number of seconds, such as 0.2. "
@@ -128,7 +156,7 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     results_dir = wd.path / ".doctor"
     run_id = uuid.uuid4().hex[:12]
     env = site.environment(site.prepare(wd.path), results_dir, run_id, steps=steps,
-                           seconds=seconds)
+                           seconds=seconds, epochs=epochs)
     watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
     probe = _read_probe(results_dir, run_id)
     verdict = {**watched.verdict.to_record(), "basis": watched.basis}
@@ -145,7 +173,8 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
                           stopped=None if probe is None else probe.get("stopped"),
                           probe=probe is not None, peak=watched.peak,
                           verdict={k: v for k, v in verdict.items() if k != "values"},
-                          workdir=wd.path, log_path=watched.log_path, measurements=probe)
+                          workdir=wd.path, log_path=watched.log_path, measurements=probe,
+                          epochs=None if probe is None else probe.get("epochs"))
     write_text_atomic(wd.path / "doctor.json", json.dumps(result.to_json(), indent=1) + "\n")
     with MemoryLog(wd.log, source="doctor", header=False) as log:
         if probe and verdict is probe.get("verdict"):

@@ -10,7 +10,8 @@ variables that put that directory first on ``$PYTHONPATH`` and tell the probe wh
     MEMFIT_DOCTOR_DIR      where the probe writes ``probe-RUN-PID.json``
     MEMFIT_DOCTOR_RUN      this run's id (so that old results are never read)
     MEMFIT_DOCTOR_STEPS    stop training after this many steps, or
-    MEMFIT_DOCTOR_SECONDS  ... this many seconds after the process started
+    MEMFIT_DOCTOR_SECONDS  ... this many seconds after the process started (or sooner:
+                           ``MEMFIT_DOCTOR_EPOCHS`` epoch ends over all fit() calls)
 
 The shim then imports the ``sitecustomize`` that would have been imported without it
 (a virtual environment's, a distribution's), so nothing the user had is lost. Python
@@ -84,7 +85,8 @@ def prepare(workdir: str | os.PathLike) -> Path:
 
 
 def environment(site_dir: str | os.PathLike, results_dir: str | os.PathLike, run_id: str, *,
-                steps: int | None = None, seconds: float | None = None) -> dict[str, str]:
+                steps: int | None = None, seconds: float | None = None,
+                epochs: int | None = None) -> dict[str, str]:
     """The variables to add to the command's environment (see the module docstring).
 
     Args:
@@ -93,6 +95,7 @@ def environment(site_dir: str | os.PathLike, results_dir: str | os.PathLike, run
         run_id: this run's id.
         steps: training steps after which the probe stops the command.
         seconds: or seconds after the start after which it does.
+        epochs: or epoch ends, over all ``fit`` calls, after which it does.
     """
     from memfit.doctor import hook
 
@@ -104,4 +107,6 @@ def environment(site_dir: str | os.PathLike, results_dir: str | os.PathLike, run
         env["MEMFIT_DOCTOR_STEPS"] = str(steps)
     if seconds is not None:
         env["MEMFIT_DOCTOR_SECONDS"] = repr(float(seconds))
+    if epochs is not None:
+        env["MEMFIT_DOCTOR_EPOCHS"] = str(epochs)
     return env

@@ -26,16 +26,28 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from memfit.memory.sizes import format_size
 
-__all__ = ["Verdict", "classify", "theil_sen", "EXPLANATIONS", "MIN_VALUES"]
+__all__ = ["Verdict", "classify", "classify_release", "theil_sen", "EXPLANATIONS",
+           "MIN_VALUES", "KEPT_MIN", "KEPT_SHARE", "RETENTION_FIX"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 
 MIN_GROWTH = 16 * 2**20         # below this, growth over the run is noise in a TF process
 NOISE_FACTOR = 4.0              # growth must exceed this many MADs of the residuals
 RETAINED_SHARE = 0.5            # trim giving back this share of the growth: retention
+KEPT_MIN = 32 * 2**20           # a trim after del + gc.collect() giving back this much ...
+KEPT_SHARE = 0.10               # ... and this share of what stayed: retention after del
+
+#: The fix for allocator retention, in order of preference (every view says the same).
+RETENTION_FIX = (
+    "In order of preference: (1) stream the data instead of building it in Python lists "
+    "(`memfit pack` + `memfit.dataset`): nothing to free, nothing kept; (2) give the "
+    "freed memory back: MemoryMonitor(trim='epoch'), or `memfit.malloc_trim()` right "
+    "after gc.collect(); (3) last resort: `memfit run --restart-every 1 -- python "
+    "train.py` (one process per epoch, resumed exactly).")
 
 EXPLANATIONS = {
     "stable": (
@@ -46,8 +58,9 @@ EXPLANATIONS = {
     "warm-up": (
         "Memory grew in the first epochs and has been level since: caches, tf.function "
         "traces, allocator pools and pipeline buffers filling up once. This is not a leak.",
-        "Nothing to fix; count the warm-up level in your budget. If it is too high, lower "
-        "the pipeline budget (`memory_budget=`) or the shuffle/prefetch buffers."),
+        "Nothing to fix: memory stopped growing. Count this level in your budget; if it is "
+        "more than you expect, `memfit doctor -- python train.py` measures what holds it "
+        "(data in RAM, buffers, memory the allocator keeps)."),
     "leak": (
         "Memory keeps growing epoch after epoch: something holds references. Usual "
         "causes: model.predict/fit called in a loop, models built in a loop without "
@@ -63,9 +76,7 @@ EXPLANATIONS = {
         "RSS grew, but a malloc_trim(0) probe gave most of it back: the memory had been "
         "freed, and glibc kept it in its arenas for reuse. This looks like a leak in "
         "`top` and is not one.",
-        "Use MemoryMonitor(trim='epoch') to return it to the OS at every epoch end, or set "
-        "MALLOC_TRIM_THRESHOLD_/MALLOC_ARENA_MAX in the environment; restarting Python is "
-        "not needed."),
+        RETENTION_FIX),
     "unknown": (
         "Too few epochs after the warm-up to tell growth from noise.",
         "Train for more epochs (at least 4 after warmup_epochs) or lower warmup_epochs."),
@@ -103,10 +114,17 @@ class Verdict:
     released: int | None = None
     budget: int | None = None
     epochs_to_budget: float | None = None
+    kept: int | None = None
+    before: int | None = None
 
     @property
     def explanation(self) -> str:
         text = EXPLANATIONS[self.kind][0]
+        if self.kept is not None:
+            return ("After del + gc.collect() the memory was free for Python, and glibc kept "
+                    "it in its arenas for reuse: this is the allocator keeping freed memory, "
+                    "not a Python leak. It is why memory stays high after `del`, and why a "
+                    "process that builds its data again every epoch can run out of memory.")
         if self.kind == "leak":
             text += (" A malloc_trim(0) probe did not give the memory back, so it is not "
                      "allocator retention." if self.released is not None else
@@ -123,6 +141,12 @@ class Verdict:
         """One line: the verdict and its numbers."""
         if self.kind == "unknown":
             return f"unknown: too few epochs after warm-up to judge ({self.epochs} samples)"
+        if self.kept is not None:
+            released = self.released or 0
+            return (f"{self.kind}: after del + gc.collect() anonymous RSS stayed at "
+                    f"{format_size(self.kept)} ({format_size(self.before)} at the end of "
+                    f"fit); malloc_trim gave back {format_size(released)} of it (to "
+                    f"{format_size(self.kept - released)})")
         text = (f"{self.kind}: {format_size(self.growth, signed=True)} after warm-up, "
                 f"{format_size(self.slope, signed=True)}/epoch over {self.epochs} epochs")
         if self.kind in ("stable", "warm-up"):
@@ -142,7 +166,33 @@ class Verdict:
         return {"verdict": self.kind, "slope": self.slope, "growth": self.growth,
                 "noise": self.noise, "epochs": self.epochs, "released": self.released,
                 "epochs_to_budget": self.epochs_to_budget, "headline": self.headline,
-                "explanation": self.explanation, "fix": self.fix}
+                "explanation": self.explanation, "fix": self.fix, "kept": self.kept,
+                "before": self.before}
+
+
+def classify_release(releases: Sequence[Any], *, min_released: float = KEPT_MIN,
+                     share: float = KEPT_SHARE) -> Verdict | None:
+    """Allocator retention seen right after ``del`` + ``gc.collect()``, or ``None``.
+
+    Example:
+        >>> from memfit.memory.allocator import Release
+        >>> v = classify_release([Release(600 * 2**20, 455 * 2**20, 230 * 2**20)])
+        >>> v.kind, v.kept == 455 * 2**20
+        ('allocator-retention', True)
+
+    Args:
+        releases: :class:`memfit.memory.allocator.Release` records (``before``,
+            ``after_collect``, ``released``), one per collection between ``fit`` calls.
+        min_released: bytes a trim must give back to count as retention.
+        share: ... and this share of what stayed after the collection.
+    """
+    best = max((r for r in releases if r.released is not None),
+               key=lambda r: r.released, default=None)
+    if best is None or best.released < max(min_released, share * best.after_collect):
+        return None
+    return Verdict("allocator-retention", slope=0.0, growth=0, noise=float(min_released),
+                   epochs=len(releases), released=int(best.released),
+                   kept=int(best.after_collect), before=int(best.before))
 
 
 def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | None = None,

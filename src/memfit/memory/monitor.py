@@ -11,8 +11,8 @@ import keras
 
 from memfit import exitcodes
 from memfit.atomic import temporary_name
-from memfit.memory.allocator import malloc_trim, require_trim
-from memfit.memory.classify import MIN_VALUES, Verdict, classify
+from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
+from memfit.memory.classify import MIN_VALUES, Verdict, classify, classify_release
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.memory.sizes import format_size, parse_size
@@ -31,7 +31,12 @@ class MemoryMonitor(keras.callbacks.Callback):
     After ``warmup_epochs`` it classifies the epoch-end anonymous RSS (see
     :func:`memfit.memory.classify.classify`): ``stable``, ``warm-up``, ``leak`` (with
     MiB/epoch and when ``budget`` would be reached) or ``allocator-retention`` (a
-    ``malloc_trim(0)`` probe gave most of the growth back).
+    ``malloc_trim(0)`` probe gave most of the growth back). When ``fit`` is called in a
+    loop and the script frees its data between the calls (``del`` + ``gc.collect()``),
+    the monitor also measures what stayed after the collection and what a
+    ``malloc_trim(0)`` right after it gives back (:class:`memfit.memory.allocator.
+    ReleaseProbe`): memory kept after ``del`` that a trim returns is
+    ``allocator-retention`` too, named with both numbers.
 
     Example:
         >>> monitor = memfit.MemoryMonitor("runs/exp1", budget="8GiB", trim="epoch")
@@ -47,7 +52,8 @@ class MemoryMonitor(keras.callbacks.Callback):
         budget: memory the process may use (``"8GiB"``, bytes); a leak gets a projection of
             the epoch at which it is reached.
         trim: ``"epoch"`` calls ``malloc_trim(0)`` at each epoch end (glibc only) and logs
-            what it released; ``None`` does not.
+            what it released; ``None`` does not. Either way the monitor trims once after a
+            ``gc.collect()`` between two ``fit`` calls, to measure what it gives back.
         on_leak: on a ``leak`` verdict: ``"warn"`` prints it; ``"stop"`` also stops
             training cleanly (``model.stop_training``); ``"restart"``, in a script
             under ``memfit run`` with a :func:`memfit.session`, has the session checkpoint
@@ -105,6 +111,9 @@ class MemoryMonitor(keras.callbacks.Callback):
         self._writer: Any = None
         self._step = 0
         self._said: str | None = None
+        self._release = ReleaseProbe()
+        self._releases_logged = 0
+        self._log_shown = False
 
     @property
     def log_path(self):
@@ -132,9 +141,15 @@ class MemoryMonitor(keras.callbacks.Callback):
 
     # -- Keras hooks -----------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._release.disarm()
         if self.log is None:
             self.log = MemoryLog(self.workdir.log, source="monitor", argv=sys.argv,
                                  budget=self.budget, warmup_epochs=self.warmup_epochs)
+        for r in self._release.releases[self._releases_logged:]:
+            self.log.write("collect", **r.to_record())
+        if len(self._release.releases) > self._releases_logged:
+            self._releases_logged = len(self._release.releases)
+            self._update(self._judge(), epoch=None)
         if self.python_heap:
             import tracemalloc
 
@@ -159,19 +174,42 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write("trim", released=released, epoch=epoch)
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
-        if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES:
+        if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES and not \
+                self._release.releases:
             return
         previous = self.verdict.kind if self.verdict else None
-        self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
-                                budget=self.budget,
-                                trim_probe=None if self.trim == "epoch" else malloc_trim)
-        if self.verdict.kind != previous:
-            self.log.write("verdict", epoch=epoch, **self.verdict.to_record())
-            if self.verbose:
-                print(f"\nmemfit: {self.verdict.headline}", file=sys.stderr)
-                self._said = self.verdict.kind
+        self._update(self._judge(trim_probe=None if self.trim == "epoch" else malloc_trim),
+                     epoch=epoch)
         if self.verdict.kind == "leak":
             self._act(epoch, first=previous != "leak")
+
+    def _judge(self, trim_probe: Any = None) -> Verdict:
+        """The epoch ends' verdict; memory kept after del + gc.collect() that a trim gave
+        back makes it ``allocator-retention`` unless the epochs show a leak."""
+        verdict = None
+        if len(self.epoch_values) - self.warmup_epochs >= MIN_VALUES:
+            verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
+                               budget=self.budget, trim_probe=trim_probe)
+        kept = classify_release(self._release.releases)
+        if kept is not None and (verdict is None or verdict.kind != "leak"):
+            return kept
+        if verdict is None:
+            verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
+                               budget=self.budget)
+        return verdict
+
+    def _update(self, verdict: Verdict, epoch: int | None) -> None:
+        """Keeps ``verdict``; logs it, and says it, when its kind changes."""
+        previous = self.verdict.kind if self.verdict else None
+        self.verdict = verdict
+        if verdict.kind != previous and verdict.kind != "unknown":
+            assert self.log is not None
+            self.log.write("verdict", epoch=epoch, **verdict.to_record())
+            if self.verbose:
+                print(f"\nmemfit: {verdict.headline}", file=sys.stderr)
+                if verdict.kind == "allocator-retention":
+                    print(f"  {verdict.explanation}\n  Fix: {verdict.fix}", file=sys.stderr)
+                self._said = verdict.kind
 
     def _act(self, epoch: int, first: bool) -> None:
         if self.on_leak == "warn":
@@ -215,11 +253,16 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
                                     budget=self.budget)
         if self.verbose:
+            # fit() in a loop ends training many times: say each verdict once.
             said = self._said == self.verdict.kind
-            print(("" if said else f"memfit: {self.verdict.headline}\n")
-                  + f"  memory log: {self.workdir.log}", file=sys.stderr)
+            if not said or not self._log_shown:
+                print(("" if said else f"memfit: {self.verdict.headline}\n")
+                      + f"  memory log: {self.workdir.log}", file=sys.stderr)
+                self._said = self.verdict.kind
+                self._log_shown = True
         self.log.close()
         self.log = None
+        self._release.arm()         # what a del + gc.collect() before the next fit leaves
         if self.report:
             from memfit.report import write_report
 

@@ -8,10 +8,16 @@ status line on a terminal, forwards SIGINT/SIGTERM to the command, and at exit w
 the exit code and a verdict (:func:`memfit.memory.classify`) to the log.
 
 The verdict uses the ``epoch_end`` events of the same log when the command wrote at
-least 3 (a training script with ``memfit.MemoryMonitor(WORKDIR)`` does); otherwise the
-run is cut into 10 equal time slices and the median anonymous RSS of each slice serves
-as one "epoch". From outside, memory cannot be trimmed, so a ``leak`` found this way may
-still be allocator retention.
+least 5 (a training script with ``memfit.MemoryMonitor(WORKDIR)`` does), and then gives
+rates per epoch; otherwise the run is cut into 10 equal time slices, the median
+anonymous RSS of each slice serves as one value, and rates are per minute (the start-up,
+while file-backed RSS still climbs as libraries load, is left out). From outside
+memfit sees the shape only: memory that grows without bound (``leak``) or memory that
+rose to a *level* and held it. It cannot trim the command's memory, so it cannot tell a
+level of data held in RAM from freed memory the allocator keeps (after ``del`` +
+``gc.collect()``), nor rule out that a leak is retention: it says so, and points to
+``memfit doctor`` and ``MemoryMonitor``, which probe with ``malloc_trim`` inside the
+process.
 
 Example:
     >>> import sys, tempfile
@@ -49,7 +55,8 @@ from memfit.process import (
 )
 from memfit.workdir import WORKDIR_ENV, Workdir
 
-__all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX"]
+__all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX",
+           "LEVEL_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
 MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
@@ -58,6 +65,11 @@ _STATUS_MAX_SAMPLES = 60     # ... at most this many (Theil-Sen is quadratic)
 OUTSIDE_NOTE = ("Retention cannot be ruled out from outside: run with "
                 "MemoryMonitor(trim='epoch') in the script to tell a leak from allocator "
                 "retention.")
+LEVEL_FIX = ("Nothing grows without bound. If this level is more than you expect, "
+             "`memfit doctor -- COMMAND` measures what holds it: data held in RAM, or freed "
+             "memory the allocator keeps after `del` + `gc.collect()`. Seen from outside "
+             "the two look the same; only a malloc_trim probe inside the process (memfit "
+             "doctor, or memfit.MemoryMonitor in the script) tells them apart.")
 SHORT_FIX = ("The run was too short to judge: samples are needed in at least 5 of its 10 time "
              "slices (lower --interval for a short run), or write epoch_end events with "
              "MemoryMonitor(WORKDIR) in the script.")
@@ -94,11 +106,17 @@ class WatchResult:
     log_path: Path
     command: tuple[str, ...] = ()
     basis: str = "time slices"
+    level: int | None = None
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one line: rates per epoch (epochs) or per minute (time slices)."""
+        return _headline(self.verdict, self.basis, self.duration, self.level)
 
     @property
     def fix(self) -> str:
         """What to do: the verdict's fix (for a run too short to judge, how to watch it)."""
-        return _fix(self.verdict, self.basis)
+        return _fix(self.verdict, self.basis, self.command)
 
     @property
     def note(self) -> str | None:
@@ -117,14 +135,11 @@ class WatchResult:
         lines.append(f"  growth  {format_size(self.growth, signed=True)} anonymous, first "
                      f"sample to last")
         if self.basis == "epochs":
-            basis = "the epoch_end events of the log"
+            basis = f"the {self.verdict.epochs} epoch_end events of the log"
         else:
-            width = self.duration / SLICES
-            basis = f"{SLICES} equal time slices of {width:.1f} s as 'epochs'"
-            if self.verdict.kind != "unknown" and width > 0:
-                rate = self.verdict.slope / width * 60
-                basis += f": {format_size(rate, signed=True)}/min"
-        lines.append(f"  verdict {self.verdict.headline} (from {basis})")
+            basis = (f"the process tree's memory over {self.duration:.0f} s, seen from "
+                     f"outside")
+        lines.append(f"  verdict {self.headline} (from {basis})")
         lines.append(f"  Fix: {self.fix}")
         if self.note:
             lines.append(f"  Note: {self.note}")
@@ -132,8 +147,31 @@ class WatchResult:
         return "\n".join(lines)
 
 
-def _fix(verdict: Verdict, basis: str) -> str:
-    return SHORT_FIX if verdict.kind == "unknown" and basis == "time slices" else verdict.fix
+def _headline(verdict: Verdict, basis: str, duration: float, level: int | None) -> str:
+    """The verdict in words: per real epoch from epoch_end events, else per minute; no
+    rate at all beside a level that holds."""
+    if basis == "epochs" or verdict.kind in ("unknown", "allocator-retention"):
+        return verdict.headline
+    width = duration / SLICES
+    if verdict.kind == "leak":
+        rate = verdict.slope / width * 60 if width > 0 else 0.0
+        return (f"leak: anonymous RSS grows without bound, {format_size(rate, signed=True)}"
+                f"/min ({format_size(verdict.growth, signed=True)} after the start-up), "
+                f"still growing at the end")
+    held = f" at {format_size(level)}" if level is not None else ""
+    return (f"level: anonymous RSS rose to a level{held} and held it; not growing (no "
+            f"trend beyond the {format_size(verdict.noise)} noise threshold)"
+            if verdict.kind == "warm-up" else
+            f"level: anonymous RSS held{held}; not growing (no trend beyond the "
+            f"{format_size(verdict.noise)} noise threshold)")
+
+
+def _fix(verdict: Verdict, basis: str, command: Sequence[str] = ()) -> str:
+    if verdict.kind == "unknown" and basis == "time slices":
+        return SHORT_FIX
+    if basis == "time slices" and verdict.kind in ("stable", "warm-up"):
+        return LEVEL_FIX.replace("COMMAND", shlex.join(command) if command else "COMMAND")
+    return verdict.fix
 
 
 def _slice_medians(times: Sequence[float], values: Sequence[float],
@@ -147,6 +185,22 @@ def _slice_medians(times: Sequence[float], values: Sequence[float],
         index = slices - 1 if width <= 0 else min(int((t - start) / width), slices - 1)
         buckets[index].append(v)
     return [statistics.median(b) for b in buckets if b]
+
+
+STARTUP_FILE_SHARE = 0.95    # start-up ends when file-backed RSS reaches this share of its max
+MIN_AFTER_STARTUP = 20       # samples after the start-up needed to judge from them alone
+
+
+def _after_startup(samples: Sequence[Sample]) -> int:
+    """Index of the first sample after the start-up: imports map their libraries, so
+    file-backed RSS climbs until they are loaded (TensorFlow: ~0.5 GiB), and anonymous
+    RSS climbs with it, which from outside would look like growth. 0 when too few
+    samples would be left."""
+    if not samples:
+        return 0
+    top = max(s.rss_file for s in samples)
+    first = next(i for i, s in enumerate(samples) if s.rss_file >= STARTUP_FILE_SHARE * top)
+    return first if len(samples) - first >= MIN_AFTER_STARTUP else 0
 
 
 def _epoch_values(log_path: Path, since: float) -> list[float]:
@@ -286,9 +340,8 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         raise
     finally:
         line.clear()
-    duration = time.time() - started
     code = exit_code(proc.returncode)
-    exit_fields = {"code": code, "duration": duration}
+    exit_fields = {"code": code, "duration": time.time() - started}
     if proc.returncode < 0:
         exit_fields["signal"] = -proc.returncode
     log.write("exit", pid=proc.pid, **exit_fields)
@@ -296,15 +349,21 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     epochs = _epoch_values(wd.log, since)
     if len(epochs) >= MIN_EPOCH_EVENTS:
         basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
+        level = int(epochs[-1])
     else:
-        basis, verdict = "time slices", classify(_slice_medians(times, anon), warmup_epochs=1)
+        skip = _after_startup(samples)
+        medians = _slice_medians(times[skip:], anon[skip:])
+        basis, verdict = "time slices", classify(medians, warmup_epochs=1)
+        level = int(medians[-1]) if medians else None
+    duration = time.time() - started
     # The verdict is about the command: log it under the command's pid. (The explanation
     # of a leak already says that no trim probe could run from outside.)
     log.write("verdict", pid=proc.pid, source="watch", basis=basis,
-              **{**verdict.to_record(), "fix": _fix(verdict, basis)})
+              **{**verdict.to_record(), "fix": _fix(verdict, basis, command),
+                 "headline": _headline(verdict, basis, duration, level)})
     log.close()
     final = samples[-1] if samples else None
     growth = int(anon[-1] - anon[0]) if anon else 0
     return WatchResult(exit_code=code, samples=len(samples), peak=peak, final=final,
                        growth=growth, verdict=verdict, duration=duration, log_path=wd.log,
-                       command=tuple(command), basis=basis)
+                       command=tuple(command), basis=basis, level=level)
