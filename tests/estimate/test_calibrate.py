@@ -7,11 +7,12 @@ import pytest
 from memfit.cli import main
 from memfit.errors import MemfitError
 from memfit.estimate import calibrate, framework_baseline, load_calibration
-from memfit.estimate.baseline import DEFAULT_BASELINE, cache_path, check_device
+from memfit.estimate.baseline import CACHE_ENV, DEFAULT_BASELINE, cache_path, check_device
 
 
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)       # the XDG location, as users have it
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

@@ -5,9 +5,16 @@ keras`` and one eager op (the runtime and its thread pools started). On a GPU it
 device memory the driver charges to such a process (NVML: CUDA context, cuBLAS/cuDNN
 handles, TensorFlow's first allocator region): memory a per-process cap does not
 include. :func:`calibrate` measures it in a child process, once per machine, and caches
-it; :func:`framework_baseline` returns the cached value or a default.
+it; :func:`framework_baseline` returns the cached value or a default;
+:func:`ensure_calibration` (what the first ``memfit.estimate``/``memfit estimate`` or
+``find-batch-size`` on a machine calls) measures it when nothing is cached, caches it
+and says so in one line::
 
-The cache is ``$XDG_CACHE_HOME/memfit/calibration.json`` (``~/.cache/memfit/...``),
+    memfit: measured this machine's TensorFlow baseline once: 218.3 MiB (cached in
+    /home/me/.cache/memfit/calibration.json; `memfit calibrate` to redo it)
+
+The cache is ``$XDG_CACHE_HOME/memfit/calibration.json`` (``~/.cache/memfit/...``), or
+``$MEMFIT_CACHE_DIR/calibration.json`` when that is set (tests, CI, a shared cache),
 keyed by host, device and TensorFlow version, written atomically.
 
 Example:
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import platform
 import statistics
@@ -32,9 +40,14 @@ from memfit.memory.probe import nvml_devices
 from memfit.memory.sizes import format_size
 
 __all__ = ["Calibration", "calibrate", "load_calibration", "framework_baseline",
-           "cache_path", "DEFAULT_BASELINE", "check_device"]
+           "ensure_calibration", "save_calibration", "cache_path", "DEFAULT_BASELINE",
+           "check_device", "CACHE_ENV"]
+
+log = logging.getLogger("memfit.estimate")
 
 FORMAT = "memfit-calibration"
+#: Set to a directory to keep the calibration cache there instead of under XDG_CACHE_HOME.
+CACHE_ENV = "MEMFIT_CACHE_DIR"
 # Used until `memfit calibrate` ran: TF 2.21 + Keras 3 on x86-64 Linux (CPU: anonymous
 # RSS; GPU: NVML per-process memory of a CUDA context with TensorFlow started).
 DEFAULT_BASELINE = {"cpu": 220 * 2**20, "gpu": 600 * 2**20}
@@ -92,7 +105,10 @@ def check_device(device: str) -> str:
 
 
 def cache_path() -> Path:
-    """Where calibrations are cached (``$XDG_CACHE_HOME/memfit/calibration.json``)."""
+    """Where calibrations are cached: ``$MEMFIT_CACHE_DIR/calibration.json`` when that is
+    set, else ``$XDG_CACHE_HOME/memfit/calibration.json`` (``~/.cache/memfit/...``)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]) / "calibration.json"
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "memfit" / "calibration.json"
 
@@ -140,6 +156,53 @@ def framework_baseline(device: str = "cpu") -> tuple[int, str]:
     if c is not None:
         return c.baseline, "calibrated"
     return DEFAULT_BASELINE["gpu" if device.startswith("gpu") else "cpu"], "default"
+
+
+def ensure_calibration(device: str = "cpu") -> tuple[int, str]:
+    """The baseline in bytes and where it came from, measured now when this machine has
+    none cached for ``device`` (once: the result is cached, and one line says so).
+
+    The first estimate on a machine calls it, so that it never silently uses
+    :data:`DEFAULT_BASELINE`. The default is kept, saying why in one line, when the
+    baseline cannot be measured here: the child fails, or ``device`` is a GPU this machine
+    does not have (an estimate for another machine: calibrate there).
+
+    Example:
+        >>> ensure_calibration("cpu")                            # doctest: +SKIP
+        memfit: measured this machine's TensorFlow baseline once: 218.3 MiB (cached in ...)
+        (228904960, 'calibrated')
+
+    Args:
+        device: ``"cpu"`` or ``"gpu:N"``.
+
+    Returns:
+        ``(bytes, "calibrated")``, or ``(bytes, "default")`` when it was not measured.
+    """
+    device = check_device(device)
+    cached = load_calibration(device)
+    if cached is not None:
+        return cached.baseline, "calibrated"
+    default = DEFAULT_BASELINE["gpu" if device.startswith("gpu") else "cpu"]
+    on = "" if device == "cpu" else f" on {device}"
+    redo = "memfit calibrate" + ("" if device == "cpu" else f" --device {device}")
+    if device.startswith("gpu") and not _gpu_present():
+        return default, "default"
+    try:
+        c = calibrate(device, runs=1, cache=False)
+    except CalibrationError as e:
+        log.warning("memfit: could not measure this machine's TensorFlow baseline%s (%s); "
+                    "using the default %s: run `%s` to measure it.", on, e,
+                    format_size(default), redo)
+        return default, "default"
+    try:
+        save_calibration(c)
+        where = f"cached in {cache_path()}"
+    except CalibrationError:
+        where = (f"not cached: {str(cache_path().parent)!r} is not writable, set "
+                 f"{CACHE_ENV} to a writable directory")
+    log.info("memfit: measured this machine's TensorFlow baseline%s once: %s (%s; `%s` to "
+             "redo it)", on, format_size(c.baseline), where, redo)
+    return c.baseline, "calibrated"
 
 
 def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
@@ -193,7 +256,7 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
                     tensorflow=reports[0]["tensorflow"], keras=reports[0]["keras"],
                     host=platform.node(), runs=runs, measured_at=time.time())
     if cache:
-        _write(c)
+        save_calibration(c)
     return c
 
 
@@ -202,7 +265,22 @@ def _gpu_present() -> bool:
     return bool(nvml_devices())
 
 
-def _write(c: Calibration) -> None:
+def save_calibration(c: Calibration) -> Path:
+    """Caches ``c`` (atomically) for its device, beside the other devices' calibrations.
+
+    Example:
+        >>> save_calibration(calibrate("cpu", cache=False))      # doctest: +SKIP
+        PosixPath('/home/me/.cache/memfit/calibration.json')
+
+    Args:
+        c: a calibration of this machine (:func:`calibrate`).
+
+    Returns:
+        The cache file (:func:`cache_path`).
+
+    Raises:
+        CalibrationError: when the cache cannot be written.
+    """
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +288,8 @@ def _write(c: Calibration) -> None:
         entries[_key(c.device, _tf_version())] = c.to_json()
         write_text_atomic(path, json.dumps({"format": FORMAT, "version": 1,
                                             "entries": entries}, indent=1))
+        return path
     except OSError as e:
         raise CalibrationError(f"Cannot write the calibration cache {str(path)!r}: "
-                               f"{e.strerror}. Set XDG_CACHE_HOME to a writable "
-                               f"directory.") from None
+                               f"{e.strerror}. Set {CACHE_ENV} (or XDG_CACHE_HOME) to a "
+                               f"writable directory.") from None

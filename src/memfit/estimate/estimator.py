@@ -47,7 +47,7 @@ import dataclasses
 import math
 from typing import Any
 
-from memfit.estimate.baseline import check_device, framework_baseline
+from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import LayerRow, layer_rows, param_bytes
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy
@@ -477,7 +477,9 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
         dataset_budget: input pipeline buffers to count (a ``memfit.dataset`` budget).
         budget: memory available; the estimate then says whether it fits, the largest
             batch size that does, and what to change.
-        device: ``"cpu"`` or ``"gpu:N"``: which calibrated baseline to add.
+        device: ``"cpu"`` or ``"gpu:N"``: which calibrated baseline to add (the first
+            estimate on a machine measures it in a child process, once, caches it and
+            says so: :func:`~memfit.estimate.baseline.ensure_calibration`).
         allocator: the allocator policy of the process predicted: ``"default"`` (glibc
             as it comes) or ``"fixed"`` (mmap threshold fixed at 128 KiB, see
             :mod:`memfit.memory.allocator`).
@@ -490,6 +492,9 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
             or policy, or a batch size that is not a positive integer (each quoting it).
     """
     check_batch_size(batch_size)
-    return Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
-                     input_shape=input_shape, dataset_budget=dataset_budget,
-                     device=device, allocator=allocator).at(batch_size, budget=budget)
+    est = Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
+                    input_shape=input_shape, dataset_budget=dataset_budget, device=device,
+                    allocator=allocator)
+    if est.baseline_source == "default":        # nothing cached: measured, once per machine
+        est.baseline, est.baseline_source = ensure_calibration(est.device)
+    return est.at(batch_size, budget=budget)
