@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memfit.estimate.baseline import ensure_calibration
 from memfit.estimate.measure import ChildResult, measure_training, run_child
 from memfit.estimate.model import EstimateError, ModelSpec, check_policy, parse_input_shape
 from memfit.estimate.optimizers import check_optimizer
@@ -90,6 +91,9 @@ class SearchResult:
 def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
                        optimizer: str | None, device: str, timeout: float,
                        allocator: str) -> dict:
+    # The child adds the cached baseline: measure it here first (once per machine), where
+    # the line that says so is seen.
+    ensure_calibration(device)
     r = run_child({"mode": "estimate", "model": spec.to_json(), "batch_size": 1,
                    "budget": budget, "dtype_policy": policy, "optimizer": optimizer,
                    "device": device, "allocator": allocator}, timeout=timeout)
