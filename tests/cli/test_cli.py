@@ -96,3 +96,32 @@ def test_run_passes_the_exit_code_through_and_logs_the_exit(tmp_path, capsys):
     assert main(["run", "--workdir", str(tmp_path / "missing"), "--", "no-such-cmd-memfit"]) \
         == 127
     assert "command not found: 'no-such-cmd-memfit'" in capsys.readouterr().err
+
+
+# What TensorFlow prints at start-up on a machine without a GPU (issue 15), then the
+# command's own output.
+NOISY = (
+    "import sys\n"
+    "sys.stderr.write('WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR\\n')\n"
+    "sys.stderr.write('I0000 00:00:1796135732.561688   21952 cudart_stub.cc:31] Could not "
+    "find cuda drivers on your machine, GPU will not be used.\\n')\n"
+    "sys.stderr.write('E0000 00:00:1796135735.855504   21952 cuda_platform.cc:52] failed "
+    "call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\\n')\n"
+    "sys.stderr.write('the command on stderr\\n')\n"
+    "print('the command on stdout')\n")
+
+
+@pytest.mark.parametrize("argv,shown", [(["run", "--max-restarts", "0"], False),
+                                        (["run", "--max-restarts", "0", "--verbose"], True),
+                                        (["watch"], True)])
+def test_run_hides_tensorflows_startup_lines_verbose_and_watch_show_them(tmp_path, capfd,
+                                                                         argv, shown):
+    (tmp_path / "noisy.py").write_text(NOISY)
+    rc = main([*argv, "--workdir", str(tmp_path), "--", sys.executable,
+               str(tmp_path / "noisy.py")])
+    out, err = capfd.readouterr()
+    assert rc == 0 and "the command on stdout" in out and "the command on stderr" in err
+    for line in ("All log messages before absl::InitializeLog()", "Could not find cuda "
+                 "drivers", "failed call to cuInit"):
+        assert (line in err) is shown, err
