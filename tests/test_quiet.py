@@ -108,3 +108,22 @@ def test_memfit_datasets_do_not_trigger_kerass_shuffle_warning(tmp_path):
         ds = memfit.dataset(tmp_path / "ds", 16, features=("x", "y"))
         model.fit(ds, epochs=1, verbose=0)
     assert not [w for w in seen if "shuffle=True" in str(w.message)]
+
+
+def test_a_grandchild_holding_stderr_does_not_hold_up_wait(tmp_path):
+    import signal
+    import time
+
+    keeper = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(30)']); print(p.pid); "
+              "print('parent done', file=sys.stderr)")
+    with open(tmp_path / "err", "wb") as f, open(tmp_path / "out", "wb") as out:
+        proc = FilteredPopen([sys.executable, "-c", keeper], stderr=f, stdout=out)
+    started = time.monotonic()
+    try:
+        assert proc.wait() == 0 and time.monotonic() - started < 10
+        again = time.monotonic()
+        assert proc.poll() == 0 and proc.wait() == 0 and time.monotonic() - again < 0.5
+        assert (tmp_path / "err").read_text() == "parent done\n"
+    finally:
+        os.kill(int((tmp_path / "out").read_text()), signal.SIGKILL)

@@ -248,6 +248,9 @@ class FilteredPopen(subprocess.Popen):
         **kwargs: the other arguments of :class:`subprocess.Popen`.
     """
 
+    _filter: threading.Thread | None = None
+    _waited = True              # until the filter runs: nothing to wait for
+
     def __init__(self, args: Sequence[str], *, stderr: Any = None, **kwargs: Any):
         target = os.dup(2 if stderr is None else stderr.fileno())
         read_fd, write_fd = os.pipe()
@@ -262,10 +265,14 @@ class FilteredPopen(subprocess.Popen):
         self._filter = threading.Thread(target=_pump, args=(read_fd, target), daemon=True,
                                         name=f"memfit-stderr-{self.pid}")
         self._filter.start()
+        self._waited = False
 
     def _drained(self) -> None:
-        # A grandchild that outlives the child may hold the pipe open: do not wait for it.
-        self._filter.join(timeout=_DRAIN_SECONDS)
+        # A grandchild that outlives the child may hold the pipe open: wait for the filter
+        # once, and not long.
+        if not self._waited and self._filter is not None:
+            self._waited = True
+            self._filter.join(timeout=_DRAIN_SECONDS)
 
     def wait(self, timeout: float | None = None) -> int:
         code = super().wait(timeout)
