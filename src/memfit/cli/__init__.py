@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         if module in QUIET_COMMANDS:
             p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-        p.set_defaults(run=module.run, quiet=module in QUIET_COMMANDS)
+        p.set_defaults(run=module.run, hide_tensorflow_startup=module in QUIET_COMMANDS)
     return parser
 
 
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        with quieted(args.quiet and not args.verbose):
+        with quieted(args.hide_tensorflow_startup and not getattr(args, "verbose", False)):
             return int(args.run(args) or 0)
     except (MemfitError, ValueError) as e:
         print(f"memfit {args.command}: error: {e}", file=sys.stderr)
