@@ -11,7 +11,8 @@ The verdict uses the ``epoch_end`` events of the same log when the command wrote
 least 5 (a training script with ``memfit.MemoryMonitor(WORKDIR)`` does), and then gives
 rates per epoch; otherwise the run is cut into 10 equal time slices, the median
 anonymous RSS of each slice serves as one value, and rates are per minute (the start-up,
-while file-backed RSS still climbs as libraries load, is left out). From outside
+while file-backed RSS still climbs as libraries load, and the last 2 s, when the exiting
+interpreter frees its memory, are left out). From outside
 memfit sees the shape only: memory that grows without bound (``leak``) or memory that
 rose to a *level* and held it. It cannot trim the command's memory, so it cannot tell a
 level of data held in RAM from freed memory the allocator keeps (after ``del`` +
@@ -189,6 +190,7 @@ def _slice_medians(times: Sequence[float], values: Sequence[float],
 
 STARTUP_FILE_SHARE = 0.95    # start-up ends when file-backed RSS reaches this share of its max
 MIN_AFTER_STARTUP = 20       # samples after the start-up needed to judge from them alone
+TEARDOWN = 2.0               # seconds before exit left out: the interpreter frees its memory
 
 
 def _after_startup(samples: Sequence[Sample]) -> int:
@@ -201,6 +203,17 @@ def _after_startup(samples: Sequence[Sample]) -> int:
     top = max(s.rss_file for s in samples)
     first = next(i for i, s in enumerate(samples) if s.rss_file >= STARTUP_FILE_SHARE * top)
     return first if len(samples) - first >= MIN_AFTER_STARTUP else 0
+
+
+def _before_teardown(samples: Sequence[Sample], first: int) -> int:
+    """End index (exclusive) of the samples before the last :data:`TEARDOWN` seconds (at
+    exit the interpreter frees what it held, which is not the run's level); all of them
+    when too few would be left."""
+    if not samples:
+        return 0
+    end = next((i for i, s in enumerate(samples) if s.t > samples[-1].t - TEARDOWN),
+               len(samples))
+    return end if end - first >= MIN_AFTER_STARTUP else len(samples)
 
 
 def _epoch_values(log_path: Path, since: float) -> list[float]:
@@ -352,7 +365,8 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         level = int(epochs[-1])
     else:
         skip = _after_startup(samples)
-        medians = _slice_medians(times[skip:], anon[skip:])
+        end = _before_teardown(samples, skip)
+        medians = _slice_medians(times[skip:end], anon[skip:end])
         basis, verdict = "time slices", classify(medians, warmup_epochs=1)
         level = int(medians[-1]) if medians else None
     duration = time.time() - started
