@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -96,6 +97,61 @@ def test_run_passes_the_exit_code_through_and_logs_the_exit(tmp_path, capsys):
     assert main(["run", "--workdir", str(tmp_path / "missing"), "--", "no-such-cmd-memfit"]) \
         == 127
     assert "command not found: 'no-such-cmd-memfit'" in capsys.readouterr().err
+
+
+def _packed(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((100, 4), np.float32))
+    out = tmp_path / "data"
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--shards", "2",
+                 "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: [], "holds a JSON list ([]), not an object"),
+    (lambda m: 3, "holds a JSON int (3), not an object"),
+    (lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "samples": -100}}},
+     "splits.train.samples is -100, not a non-negative integer"),
+    (lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "shards": [
+        {**m["splits"]["train"]["shards"][0], "samples": "50"},
+        m["splits"]["train"]["shards"][1]]}}},
+     'splits.train.shards[0].samples is "50", not a positive integer'),
+    (lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "samples": 99}}},
+     "splits.train.samples is 99, not the sum over its shards (100)"),
+    (lambda m: {**m, "samples_per_record": 0}, "samples_per_record is 0, not a positive"),
+])
+def test_a_manifest_that_is_not_a_memfit_manifest_is_one_clear_line(tmp_path, capsys, command,
+                                                                    edit, message):
+    out = _packed(tmp_path)
+    capsys.readouterr()
+    manifest = out / "manifest.json"
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    assert main([command, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"memfit {command}: error: {manifest}") and message in err
+    assert err.count("\n") == 1 and "restore manifest.json from a copy" in err
+
+
+def test_pack_under_a_regular_file_is_one_clear_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)))
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "afile" / "sub"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit pack: error: Cannot create the output directory")
+    assert "is a file, not a directory" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_output_into_a_closed_pipe_is_not_a_traceback(tmp_path, command):
+    out = _packed(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "memfit", command, str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                  # like `| head -1` gone before memfit prints
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 128 + 13, err       # as a shell reports SIGPIPE
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception" not in err
 
 
 # What TensorFlow prints at start-up on a machine without a GPU (issue 15), then the

@@ -8,6 +8,7 @@ import pytest
 
 from memfit.cli import main
 from memfit.estimate import find_batch_size, measure_training
+from memfit.estimate.search import SearchResult, Trial
 from memfit.memory.sizes import parse_size
 
 MODELS = Path(__file__).with_name("models.py")
@@ -81,3 +82,27 @@ def test_find_batch_size_with_a_tight_budget():
     if r.smallest_failing is not None:
         assert r.smallest_failing > r.batch_size
     assert f"fits 420.0 MiB: {r.batch_size}" in str(r)
+
+
+@pytest.mark.parametrize("start", ["0", "-3"])
+def test_find_batch_size_refuses_a_start_below_1(capsys, start):
+    argv = ["find-batch-size", TINY, "--budget", "1GiB", "--start", start]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit find-batch-size: error: start must be a positive batch size")
+    assert f"Received: start={start}" in err and err.count("\n") == 1
+
+
+def test_an_answer_no_failure_bounded_is_reported_as_a_lower_bound():
+    trials = (Trial(64, "ok", 2**28, 3.0), Trial(80, "ok", 2**28 + 2**24, 3.0))
+    grown = SearchResult(batch_size=80, peak=2**28 + 2**24, budget=2**30, estimated=64,
+                         smallest_failing=None, trials=trials)
+    text = str(grown).splitlines()[0]
+    assert text.startswith("at least batch size 80 fits 1.0 GiB")
+    assert "lower bound" in text and "largest batch size that fits" not in text
+    assert "--max-trials" in text
+    assert grown.to_json()["lower_bound"] is True
+    bracketed = SearchResult(batch_size=80, peak=2**28, budget=2**30, estimated=64,
+                             smallest_failing=81, trials=trials + (Trial(81, "oom", None, 1.),))
+    assert str(bracketed).startswith("largest batch size that fits 1.0 GiB: 80")
+    assert bracketed.to_json()["lower_bound"] is False

@@ -13,6 +13,7 @@ import argparse
 
 from tqdm import tqdm
 
+from memfit.cli.inspect_cmd import CLOSED_PIPE, print_output
 from memfit.data.verify import total_bytes, verify
 
 NAME = "verify"
@@ -31,5 +32,6 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify",
               disable=args.quiet, leave=False) as bar:
         report = verify(args.path, progress=bar.update)
-    print(report)
+    if not print_output(str(report)):
+        return CLOSED_PIPE
     return 0 if report.ok else 1

@@ -54,7 +54,8 @@ class SearchResult:
         peak: its measured peak anonymous RSS in bytes (the whole process).
         budget: the budget, in bytes.
         estimated: the batch size the estimate proposed (the search's start).
-        smallest_failing: the smallest batch size that did not fit, or ``None``.
+        smallest_failing: the smallest batch size that did not fit, or ``None`` (then
+            ``batch_size`` is only a lower bound: see ``lower_bound``).
         trials: every child run, in order.
         advice: what to change when nothing fits.
     """
@@ -67,8 +68,14 @@ class SearchResult:
     trials: tuple[Trial, ...]
     advice: tuple[str, ...] = ()
 
+    @property
+    def lower_bound(self) -> bool:
+        """``batch_size`` fits but no larger size failed: the largest may be larger."""
+        return bool(self.batch_size) and self.smallest_failing is None
+
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
+        out["lower_bound"] = self.lower_bound
         out["trials"] = [dataclasses.asdict(t) for t in self.trials]
         out["advice"] = list(self.advice)
         return out
@@ -79,7 +86,13 @@ class SearchResult:
             peak = format_size(t.peak) if t.peak is not None else "n/a"
             lines.append(f"  batch {t.batch_size:>7}: {t.status:<11} peak {peak:>10}  "
                          f"({t.seconds:.0f} s)")
-        if self.batch_size:
+        if self.batch_size and self.lower_bound:
+            head = (f"at least batch size {self.batch_size} fits {format_size(self.budget)} "
+                    f"(measured peak {format_size(self.peak)}; the estimate said "
+                    f"{self.estimated}): a lower bound, not the largest: no larger size was "
+                    f"found to fail within {len(self.trials)} trials. Raise --max-trials "
+                    f"(max_trials=) or --start (start=) to find the largest")
+        elif self.batch_size:
             head = (f"largest batch size that fits {format_size(self.budget)}: "
                     f"{self.batch_size} (measured peak {format_size(self.peak)}; the "
                     f"estimate said {self.estimated})")
@@ -150,6 +163,10 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
     if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
         raise EstimateError(f"max_trials must be a positive integer. "
                             f"Received: max_trials={max_trials!r}")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int)
+                              or start < 1):
+        raise EstimateError(f"start must be a positive batch size (the first one to try), or "
+                            f"None for the estimate's. Received: start={start!r}")
     if not step_factor > 1:
         raise EstimateError(f"step_factor must be above 1. Received: step_factor={step_factor!r}")
     spec = model if isinstance(model, ModelSpec) else ModelSpec(
