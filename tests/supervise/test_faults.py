@@ -208,3 +208,29 @@ def test_sigterm_after_fit_failed_still_ends_the_process(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr[-2000:]
     assert "STILL ALIVE" not in proc.stdout
+
+
+def test_two_preemptions_in_one_epoch_under_mirrored_strategy(data, tmp_path):
+    """Under MirroredStrategy a metric keeps one partial sum per replica; a checkpoint
+    must keep the partials, not their sum (assigning a sum splits it evenly, and the
+    epoch's logged loss then differs in its last bits). Two SIGTERMs inside one epoch,
+    at steps that are not multiples of checkpoint_every."""
+    reference = tmp_path / "reference"
+    subprocess.run(faults.command(data, reference / "out", "mirrored", 3), check=True,
+                   env={**ENV, "MEMFIT_WORKDIR": str(reference / "wd")},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out, env = tmp_path / "out", {**ENV, "MEMFIT_WORKDIR": str(tmp_path / "wd")}
+    for at in (51, 56):         # epoch 3, steps 11 and 16
+        proc = subprocess.Popen(faults.command(data, out, "mirrored", 3), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None:
+            now = faults.read_phase(out)
+            if now and now[1] == proc.pid and now[0] == "step" and now[2] >= at:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.002)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    subprocess.run(faults.command(data, out, "mirrored", 3), env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert CheckpointStore(tmp_path / "wd" / "checkpoints").latest().position == (3, 0)
+    assert faults.identical(faults.finals(out), faults.finals(reference / "out"))

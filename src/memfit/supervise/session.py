@@ -126,6 +126,33 @@ def _extra_variables(model: keras.Model) -> list:
     return [v for v in model.variables if id(v) not in saved]
 
 
+def _replicas(variable: Any) -> tuple | None:
+    """The per-replica copies of a variable that has one per replica (a metric's state
+    under a ``tf.distribute`` strategy is a sync-on-read variable), else ``None``."""
+    parts = getattr(getattr(variable, "value", variable), "values", None)
+    return tuple(parts) if isinstance(parts, tuple | list) and len(parts) > 1 else None
+
+
+def _read_state(variable: Any) -> np.ndarray:
+    """A metric variable's state: its value, or its per-replica copies stacked on a new
+    first axis. The copies, not their sum: assigning a sum splits it evenly across the
+    replicas, and the next step's rounding would differ from an uninterrupted run's."""
+    parts = _replicas(variable)
+    if parts is None:
+        return np.asarray(variable.numpy())
+    return np.stack([np.asarray(part.numpy()) for part in parts])
+
+
+def _write_state(variable: Any, value: np.ndarray) -> None:
+    """Puts back what :func:`_read_state` read."""
+    parts = _replicas(variable)
+    if parts is None:
+        variable.assign(value)
+        return
+    for part, part_value in zip(parts, value, strict=True):
+        part.assign(part_value)
+
+
 def _scalar_logs(logs: dict | None) -> dict[str, float]:
     out = {}
     for key, value in (logs or {}).items():
@@ -465,12 +492,13 @@ class SessionCallback(keras.callbacks.Callback):
         variables = self._metric_variables()
         shapes = [tuple(saved.get(f"metric_{i}", np.empty(())).shape)
                   for i in range(len(variables))]
-        if len(saved) != len(variables) or shapes != [tuple(v.shape) for v in variables]:
+        if len(saved) != len(variables) or \
+                shapes != [_read_state(v).shape for v in variables]:
             print("memfit: the metrics differ from the checkpoint's; this epoch's logged "
                   "metrics cover only the steps since the resume", file=sys.stderr)
             return
         for i, variable in enumerate(variables):
-            variable.assign(saved[f"metric_{i}"])
+            _write_state(variable, saved[f"metric_{i}"])
 
     def _metric_variables(self) -> list:
         return [v for m in self.model.metrics for v in m.variables]
@@ -493,7 +521,7 @@ class SessionCallback(keras.callbacks.Callback):
         # Validation inside fit: Keras resets the metrics for it right after this call,
         # so their training states are kept aside for a checkpoint taken during it.
         if self._in_fit:
-            self._train_metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
+            self._train_metrics = [_read_state(v) for v in self._metric_variables()]
 
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
         s = self.session
@@ -537,8 +565,9 @@ class SessionCallback(keras.callbacks.Callback):
         model = self.model
         epoch, step = self._position
         started = time.perf_counter()
+        current = metrics is None          # the model's metrics hold the states to save
         if step and metrics is None:
-            metrics = [np.asarray(v.numpy()) for v in self._metric_variables()]
+            metrics = [_read_state(v) for v in self._metric_variables()]
 
         def fill(directory: Path) -> None:
             model.save_weights(directory / WEIGHTS_NAME)
@@ -550,7 +579,10 @@ class SessionCallback(keras.callbacks.Callback):
                 np.savez(f, **arrays)
 
         # The running means of a half-done epoch, shown for its skipped steps on resume.
-        logs = _scalar_logs(self._metrics_result(metrics)) if step else {}
+        logs = {}
+        if step:
+            logs = _scalar_logs(model.get_metrics_result() if current else
+                                self._metrics_result(metrics))
         state = {"epoch": epoch, "step": step, "seed": s.seed, "reason": reason,
                  "history": s.history, "logs": logs,
                  "rng": rng.capture(), "fingerprint": fingerprint(model)}
@@ -567,14 +599,14 @@ class SessionCallback(keras.callbacks.Callback):
         variables = self._metric_variables()
         if len(variables) != len(values):
             return {}
-        now = [np.asarray(v.numpy()) for v in variables]
+        now = [_read_state(v) for v in variables]
         for variable, value in zip(variables, values, strict=True):
-            variable.assign(value)
+            _write_state(variable, value)
         try:
             return self.model.get_metrics_result()
         finally:
             for variable, value in zip(variables, now, strict=True):
-                variable.assign(value)
+                _write_state(variable, value)
 
     def _stop_unwritable(self, error: CheckpointWriteError) -> None:
         """A checkpoint could not be written: say so and stop; restarting would not help."""
