@@ -207,3 +207,20 @@ def test_manifest_is_written_after_every_shard_and_state_goes_last(tmp_path):
     assert json.loads((out / MANIFEST).read_text())["totals"]["shards"] == 2
     assert _ls(out) == [MANIFEST, "train-00000-of-00002.tfrecord",
                         "train-00001-of-00002.tfrecord"]
+
+
+def test_rerunning_a_finished_pack_verifies_it_and_succeeds(tmp_path):
+    """A kill that lands as the pack exits leaves a complete dataset: the rerun of the same
+    command succeeds without writing; other data or a damaged shard are still refused."""
+    arrays, out = small_arrays(200), tmp_path / "d"
+    memfit.pack(arrays, out, shards=2, progress=False)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = memfit.pack(arrays, out, shards=2, progress=False)
+    assert again.kept_shards == 2 and "complete already" in str(again)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(DatasetError, match="already holds a complete memfit dataset"):
+        memfit.pack(arrays, out, shards=4, progress=False)
+    shard = out / "train-00000-of-00002.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"!")
+    with pytest.raises(DatasetError, match="already holds a complete memfit dataset"):
+        memfit.pack(arrays, out, shards=2, progress=False)

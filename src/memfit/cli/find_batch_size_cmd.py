@@ -5,9 +5,7 @@ child's memory and kills it when it passes --budget (that batch size "does not f
 so this command never runs out of memory itself. The search starts from the estimate
 (`memfit estimate`), brackets the answer with real steps, then bisects.
 
-Exit status: 0 when a batch size fits; 1 when none does; 2 on bad input. When no tried
-size failed (--max-trials ran out while growing), the answer is printed as a lower bound
-("at least N fits"), and the JSON has "lower_bound": true.
+Exit status: 0 when a batch size fits; 1 when none does; 2 on bad input.
 
 examples:
   memfit find-batch-size model.keras --budget 4GiB
@@ -38,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "exact)")
     p.add_argument("--max-trials", type=int, default=10, help="most attempts (default: 10)")
     p.add_argument("--start", type=int, default=None,
-                   help="first batch size to try, 1 or more (default: the estimate's)")
+                   help="first batch size to try (default: the estimate's)")
     p.add_argument("--json", action="store_true", help="print JSON for tools")
 
 

@@ -135,6 +135,9 @@ class ArraysManifest:
     memfit_version: str
     source: str = ""
     path: Path | None = None
+    # What memfit.pack packed (the source's identity and the options): a rerun of the same
+    # pack finds its dataset complete instead of refusing it.
+    fingerprint: str = ""
 
     @property
     def samples(self) -> int:
@@ -168,6 +171,7 @@ class ArraysManifest:
             "seed": self.seed,
             "shuffled": self.shuffled,
             "source": self.source,
+            "fingerprint": self.fingerprint,
             "features": {n: {"dtype": f.dtype, "shape": list(f.shape)}
                          for n, f in self.features.items()},
             "splits": {n: {"samples": s.samples,
@@ -219,7 +223,8 @@ class ArraysManifest:
         return cls(features=features, splits=splits, seed=schema.count(doc, "seed"),
                    shuffled=schema.flag(doc, "shuffled"),
                    memfit_version=schema.text(doc, "memfit_version"),
-                   source=schema.text(doc, "source", default=""), path=file.parent)
+                   source=schema.text(doc, "source", default=""), path=file.parent,
+                   fingerprint=schema.text(doc, "fingerprint", default=""))
 
 
 def manifest_format(path: str | os.PathLike) -> str | None:
@@ -974,6 +979,7 @@ def pack_arrays(src: ArraySource, out: Path, *, fingerprint: str | None, options
         bar.close()
     manifest = ArraysManifest(features=dict(src.features), splits=splits,
                               seed=options["seed"], shuffled=bool(options["shuffle"]),
-                              memfit_version=__version__, source=src.description, path=out)
+                              memfit_version=__version__, source=src.description, path=out,
+                              fingerprint=fingerprint or "")
     manifest.save(out)
     return manifest, reused

@@ -121,6 +121,9 @@ class Manifest:
     memfit_version: str
     source: str = ""
     path: Path | None = None
+    # What memfit.pack packed (the source's identity and the options): a rerun of the same
+    # pack finds its dataset complete instead of refusing it.
+    fingerprint: str = ""
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -175,6 +178,7 @@ class Manifest:
             "samples_per_record": self.samples_per_record,
             "compression": self.compression,
             "source": self.source,
+            "fingerprint": self.fingerprint,
             "features": {n: f.to_json() for n, f in self.features.items()},
             "splits": {n: {"samples": s.samples, "records": s.records,
                            "raw_bytes": s.raw_bytes,
@@ -251,7 +255,8 @@ class Manifest:
                    compression=compression, seed=schema.count(doc, "seed"),
                    shuffled=schema.flag(doc, "shuffled"),
                    memfit_version=schema.text(doc, "memfit_version"),
-                   source=schema.text(doc, "source", default=""), path=file.parent)
+                   source=schema.text(doc, "source", default=""), path=file.parent,
+                   fingerprint=schema.text(doc, "fingerprint", default=""))
 
 
 class ManifestSchema:

@@ -31,6 +31,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import time
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -88,13 +89,17 @@ class PackResult:
     def __str__(self) -> str:
         m = self.manifest
         if isinstance(m, Manifest):
-            files = f"{sum(len(s.shards) for s in m.splits.values())} shards"
+            count = sum(len(s.shards) for s in m.splits.values())
+            files = f"{count} shards"
         else:                                           # an arrays dataset
+            count = m.file_count
             files = f"{m.file_count} .npy files"
         splits = ", ".join(f"{n}={s.samples:,}" for n, s in m.splits.items())
         rate = self.bytes / max(self.seconds, 1e-9)
         kept = f"; kept {self.kept_shards} verified shards from the interrupted run" \
             if self.kept_shards else ""
+        if self.kept_shards == count:
+            kept = "; it was complete already (the same pack): every file verified, none written"
         return (f"packed {self.samples:,} samples ({splits}) into {files}, "
                 f"{format_size(self.bytes)} in {self.seconds:.1f} s "
                 f"({format_size(rate)}/s, {self.samples / max(self.seconds, 1e-9):,.0f} "
@@ -241,6 +246,18 @@ def _write_indexed_shard(source: ArraySource, indices: np.ndarray, path: Path, k
         raise
 
 
+def _die_with_parent() -> None:
+    """A writer process dies with the pack that started it (Linux): a killed pack must not
+    leave writers that go on renaming shards into place while it is rerun."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _process_job(paths: dict[str, str], variable: list[str], indices: np.ndarray, path: str,
                  k: int, compression: str | None) -> tuple[Shard, int]:
     source = open_source(paths, variable=variable)
@@ -356,6 +373,31 @@ def _start_state(out: Path, fingerprint: str | None) -> dict[str, Any]:
     state = {"fingerprint": fingerprint}
     write_text_atomic(out / STATE, json.dumps(state))
     return state
+
+
+def _already_packed(out: Path, fingerprint: str | None,
+                    keep: Collection[str]) -> tuple[Manifest | ArraysManifest, int] | None:
+    """The complete dataset in ``out`` when this very pack made it (same source and
+    options) and every file still has its sha256, with the number of files; else ``None``."""
+    from memfit.data.arrays import FORMAT as ARRAYS
+    from memfit.data.arrays import ArraysManifest, manifest_format
+
+    if fingerprint is None or not (out / MANIFEST).is_file() or (out / STATE).exists():
+        return None
+    try:
+        if manifest_format(out) == ARRAYS:
+            m: Manifest | ArraysManifest = ArraysManifest.load(out)
+            files = {a.file: a.sha256 for s in m.splits.values() for a in s.files.values()}
+        else:
+            m = Manifest.load(out)
+            files = {sh.file: sh.sha256 for s in m.splits.values() for sh in s.shards}
+    except DatasetError:
+        return None
+    if m.fingerprint != fingerprint or any(
+            not (out / f).is_file() or file_sha256(out / f) != sha for f, sha in files.items()):
+        return None
+    _clear_stale_temporaries(out, keep)
+    return m, len(files)
 
 
 def _check_output(out: Path) -> list[Path]:
@@ -562,7 +604,10 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         else:
             fingerprint = None
         keep = {csv_dir.name}
-        if format == "arrays":
+        done = None if overwrite else _already_packed(out, fingerprint, keep)
+        if done is not None:                # killed as it exited: rerun, nothing to do
+            manifest, kept = done
+        elif format == "arrays":
             from memfit.data.arrays import pack_arrays
 
             assert isinstance(src, ArraySource)
@@ -680,7 +725,8 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
             reopen = set(src.paths) == set(src.columns)
             if reopen:
                 pool: cf.Executor = cf.ProcessPoolExecutor(
-                    workers, mp_context=multiprocessing.get_context("spawn"))
+                    workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_die_with_parent)
             else:
                 pool = cf.ThreadPoolExecutor(workers)
             variable = [f.name for f in src.features.values() if f.variable]
@@ -713,7 +759,7 @@ def _pack_arrays(src: ArraySource, out: Path, state: dict, fingerprint: str | No
     manifest = Manifest(features=dict(src.features), splits=splits, samples_per_record=k,
                         compression=compression, seed=options["seed"],
                         shuffled=bool(options["shuffle"]), memfit_version=__version__,
-                        source=src.description, path=out)
+                        source=src.description, path=out, fingerprint=fingerprint or "")
     manifest.save(out)
     return manifest, kept
 
