@@ -27,6 +27,9 @@ def _files(root: Path) -> set[str]:
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stranger")
+    # A first estimate measures and caches the framework baseline: never in the user's
+    # cache, and not in the place whose files are counted.
+    ENV["MEMFIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     np.save(root / "x.npy", np.zeros((10, 3), np.float32))
     np.save(root / "y.npy", np.zeros((7,), np.int64))
     np.save(root / "y10.npy", np.zeros((10,), np.int64))
