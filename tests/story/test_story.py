@@ -17,8 +17,9 @@ streamed   memfit.pack + memfit.dataset (batch 256,     level / no finding / sta
 
 From outside (watch) a level of data held in RAM and memory the allocator keeps look the
 same: watch says "level" for both and points to the doctor, which probes with a trim.
-Each run takes 8-15 s on 2 cores, most of it importing TensorFlow; 12 runs in all.
-TensorFlow's start-up lines are not checked here yet (their suppression is another change).
+`memfit run` judges its last process from outside the same way. Each run takes 8-15 s on
+2 cores, most of it importing TensorFlow; 14 runs in all. The command-line runs at the end
+check that TensorFlow's start-up lines do not reach the user.
 """
 
 import io
@@ -173,3 +174,40 @@ def test_memory_monitor_gives_each_script_its_verdict(runs, name, kind):
         v = out["verdicts"][-1]
         assert v["released"] >= 48 * MiB and v["kept"] > v["released"]
         assert "not a Python leak" in out["stderr"] and "memfit pack" in out["stderr"]
+
+
+# -- as the user reads it: the command line, with no TensorFlow start-up lines ---------------
+
+NOISE = ("oneDNN custom operations", "Could not find cuda drivers", "cuInit",
+         "absl::InitializeLog")
+
+
+def _cli(args, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["STORY_EPOCHS"] = ENV["STORY_EPOCHS"]
+    return subprocess.run([sys.executable, "-m", "memfit", *args], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env)
+
+
+def test_memfit_run_judges_the_seed_story_from_outside_quietly(tmp_path, packed):
+    proc = _cli(["run", "--workdir", "wd", "--interval", "0.1", "--", sys.executable,
+                 str(SCRIPTS / "seed.py"), str(packed)], tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert "seed: trained" in said                              # the script's own output
+    assert "memory of the last process (from outside): level: " in proc.stderr, said
+    assert "memfit doctor -- " in proc.stderr and "/min" not in proc.stderr
+    assert not [n for n in NOISE if n in said], said[-3000:]
+    verdicts = [r for r in read_log(tmp_path / "wd" / "memory.jsonl")
+                if r["event"] == "verdict"]
+    assert [v["source"] for v in verdicts] == ["run"]
+
+
+def test_memfit_doctor_tells_the_seed_story_quietly(tmp_path, packed):
+    proc = _cli(["doctor", "--", sys.executable, str(SCRIPTS / "seed.py"), str(packed)],
+                tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert "Memory stays after del + gc.collect(): the allocator keeps what was freed" in said
+    assert "gave back" in said and "x_train, y_train" in said
+    assert not [n for n in NOISE if n in said], said[-3000:]

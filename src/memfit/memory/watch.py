@@ -56,8 +56,8 @@ from memfit.process import (
 )
 from memfit.workdir import WORKDIR_ENV, Workdir
 
-__all__ = ["watch", "WatchResult", "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX",
-           "LEVEL_FIX"]
+__all__ = ["watch", "judge", "OutsideVerdict", "WatchResult", "CommandStartError", "SLICES",
+           "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
 MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
@@ -325,7 +325,6 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
     started = time.time()
     samples: list[Sample] = []
-    times: list[float] = []
     anon: list[float] = []
     peak: Sample | None = None
     line = _StatusLine(status, started)
@@ -338,7 +337,6 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
                     continue
                 log.write("sample", scope="tree", **s.as_record())
                 samples.append(s)
-                times.append(s.t)
                 anon.append(float(s.anon_or_total))
                 peak = peak_of(peak, s)
                 recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
@@ -359,25 +357,79 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
         exit_fields["signal"] = -proc.returncode
     log.write("exit", pid=proc.pid, **exit_fields)
 
-    epochs = _epoch_values(wd.log, since)
+    duration = time.time() - started
+    judged = judge(samples, wd.log, since, duration, command)
+    # The verdict is about the command: log it under the command's pid. (The explanation
+    # of a leak already says that no trim probe could run from outside.)
+    log.write("verdict", pid=proc.pid, source="watch", **judged.to_record())
+    log.close()
+    final = samples[-1] if samples else None
+    growth = int(anon[-1] - anon[0]) if anon else 0
+    return WatchResult(exit_code=code, samples=len(samples), peak=peak, final=final,
+                       growth=growth, verdict=judged.verdict, duration=duration,
+                       log_path=wd.log, command=tuple(command), basis=judged.basis,
+                       level=judged.level)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideVerdict:
+    """A verdict on a process tree's memory, seen from outside (what :func:`watch` and
+    ``memfit run`` print).
+
+    Attributes:
+        verdict: the classifier's verdict.
+        basis: ``"epochs"`` (the log's ``epoch_end`` events) or ``"time slices"``.
+        level: the anonymous RSS it held at the end (bytes), or ``None``.
+        headline: the verdict in one line (rates per epoch, or per minute).
+        fix: what to do.
+        note: a caveat (a leak seen from outside may be retention), or ``None``.
+    """
+
+    verdict: Verdict
+    basis: str
+    level: int | None
+    headline: str
+    fix: str
+    note: str | None
+
+    def to_record(self) -> dict:
+        """Fields for a ``verdict`` event of the log."""
+        return {**self.verdict.to_record(), "basis": self.basis, "fix": self.fix,
+                "headline": self.headline}
+
+
+def judge(samples: Sequence[Sample], log_path: str | os.PathLike, since: float,
+          duration: float, command: Sequence[str] = ()) -> OutsideVerdict:
+    """Judges a run from outside: from the log's ``epoch_end`` events written since
+    ``since`` when there are enough, else from the samples in time slices (start-up and
+    teardown left out).
+
+    Example:
+        >>> v = judge(samples, "runs/exp1/memory.jsonl", since=t0,
+        ...           duration=120.0)                                    # doctest: +SKIP
+        >>> v.headline                                                   # doctest: +SKIP
+        'level: anonymous RSS held at 1.2 GiB; not growing ...'
+
+    Args:
+        samples: the process tree's samples, in time order.
+        log_path: the run's log (read for ``epoch_end`` events).
+        since: Unix time the run started.
+        duration: seconds the run lasted.
+        command: the command, quoted in the fix.
+    """
+    epochs = _epoch_values(Path(log_path), since)
     if len(epochs) >= MIN_EPOCH_EVENTS:
         basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
         level = int(epochs[-1])
     else:
+        times = [s.t for s in samples]
+        anon = [float(s.anon_or_total) for s in samples]
         skip = _after_startup(samples)
         end = _before_teardown(samples, skip)
         medians = _slice_medians(times[skip:end], anon[skip:end])
         basis, verdict = "time slices", classify(medians, warmup_epochs=1)
         level = int(medians[-1]) if medians else None
-    duration = time.time() - started
-    # The verdict is about the command: log it under the command's pid. (The explanation
-    # of a leak already says that no trim probe could run from outside.)
-    log.write("verdict", pid=proc.pid, source="watch", basis=basis,
-              **{**verdict.to_record(), "fix": _fix(verdict, basis, command),
-                 "headline": _headline(verdict, basis, duration, level)})
-    log.close()
-    final = samples[-1] if samples else None
-    growth = int(anon[-1] - anon[0]) if anon else 0
-    return WatchResult(exit_code=code, samples=len(samples), peak=peak, final=final,
-                       growth=growth, verdict=verdict, duration=duration, log_path=wd.log,
-                       command=tuple(command), basis=basis, level=level)
+    return OutsideVerdict(verdict=verdict, basis=basis, level=level,
+                          headline=_headline(verdict, basis, duration, level),
+                          fix=_fix(verdict, basis, command),
+                          note=OUTSIDE_NOTE if verdict.kind == "leak" else None)

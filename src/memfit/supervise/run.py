@@ -47,6 +47,7 @@ from memfit import exitcodes
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size, parse_size
+from memfit.memory.watch import OutsideVerdict, judge
 from memfit.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
@@ -107,6 +108,8 @@ class RunResult:
             plus the time from each exit to the next process resuming training.
         log_path: the shared log.
         command: the command run.
+        memory: the last process's memory, judged from outside as ``memfit watch``
+            judges it (a level, a leak...), or ``None`` when it lived too short to tell.
     """
 
     exit_code: int
@@ -118,6 +121,7 @@ class RunResult:
     lost: float
     log_path: Path
     command: tuple[str, ...] = ()
+    memory: OutsideVerdict | None = None
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -146,6 +150,12 @@ class RunResult:
                          f"{ended_by}")
         lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load and "
                      f"work after the last checkpoint)")
+        if self.memory is not None:
+            lines.append(f"  memory of the last process (from outside): "
+                         f"{self.memory.headline}")
+            lines.append(f"  Fix: {self.memory.fix}")
+            if self.memory.note:
+                lines.append(f"  Note: {self.memory.note}")
         lines.append(f"  log: {self.log_path}")
         return "\n".join(lines)
 
@@ -302,8 +312,10 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                 protocol.clear_request(wd.path)
                 resumed_at = _position(store)
                 proc = start(command, env)
+                samples = []
                 child = _supervise(proc, log, wd, store, resumed_at, max_rss, hard_rss,
-                                   grace, interval, stop_grace, interrupted=received)
+                                   grace, interval, stop_grace, interrupted=received,
+                                   samples=samples)
                 children.append(child)
                 peak = child.peak.anon_or_total if child.peak else None
                 log.write("exit", pid=child.pid, code=child.exit_code, cause=child.cause,
@@ -348,7 +360,8 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
         exit_code=last.exit_code, finished=last.cause == "finished",
         stop_reason=stop_reason, children=tuple(children), epoch=_position(store)[0],
         duration=time.time() - since, lost=_lost_time(wd.log, since, children),
-        log_path=wd.log, command=tuple(command))
+        log_path=wd.log, command=tuple(command), memory=_memory(last, samples, wd, command,
+                                                                 log))
     if stop_reason:
         log.write("stop", reason=stop_reason)
     log.close()
@@ -363,6 +376,17 @@ _STOPS = {
     "checkpoint-failed": "the command could not write its checkpoint (exit 74; its message "
                          "above says why)",
 }
+
+
+def _memory(child: ChildRun, samples: list[Sample], wd: Workdir, command: Sequence[str],
+            log: MemoryLog) -> OutsideVerdict | None:
+    """The last process's memory, judged from outside (and logged), unless it lived too
+    short to tell (a process per epoch usually does)."""
+    judged = judge(samples, wd.log, child.started, child.ended - child.started, command)
+    if judged.verdict.kind == "unknown":
+        return None
+    log.write("verdict", pid=child.pid, source="run", **judged.to_record())
+    return judged
 
 
 def _describe(child: ChildRun) -> str:
@@ -400,8 +424,9 @@ def _sleep(seconds: float, interrupted: list[int]) -> bool:
 def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: CheckpointStore,
                resumed_at: tuple[int, int], max_rss: int | None, hard_rss: int | None,
                grace: float, interval: float, stop_grace: float,
-               interrupted: list[int]) -> ChildRun:
-    """Samples one child until it exits; asks for a restart or kills it on memory."""
+               interrupted: list[int], samples: list[Sample]) -> ChildRun:
+    """Samples one child until it exits (into ``samples``); asks for a restart or kills
+    it on memory."""
     started = time.time()
     peak: Sample | None = None
     requested: float | None = None
@@ -421,6 +446,7 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
             s = None
         if s is not None:
             log.write("sample", scope="tree", **s.as_record())
+            samples.append(s)
             peak = peak_of(peak, s)
             anon = s.anon_or_total
             if killed is None and hard_rss and anon >= hard_rss:
