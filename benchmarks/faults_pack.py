@@ -111,11 +111,19 @@ def campaign(workdir: Path, *, kills: int, seed: int, size: int, shards: int,
     each delay is drawn uniformly from ``earliest`` to the clean pack's duration."""
     inputs = make_inputs(workdir, size, seed)
     reference = workdir / "clean"
-    started = time.perf_counter()
-    subprocess.run(pack_command(inputs, reference, shards, workers), check=True,
-                   capture_output=True)
-    outcome = Outcome(clean_seconds=time.perf_counter() - started)
+    durations = []
+    for attempt in range(2):    # the faster of two (the machine is shared); and they agree
+        shutil.rmtree(reference, ignore_errors=True)
+        started = time.perf_counter()
+        subprocess.run(pack_command(inputs, reference, shards, workers), check=True,
+                       capture_output=True)
+        durations.append(time.perf_counter() - started)
+        if attempt == 0:
+            first = listing(reference)
+    outcome = Outcome(clean_seconds=min(durations))
     expected = listing(reference)
+    if expected != first:
+        raise SystemExit("two clean packs of the same input differ: pack is not deterministic")
     log(f"clean pack: {len(expected)} files, "
         f"{format_size(sum(p.stat().st_size for p in reference.iterdir()))} in "
         f"{outcome.clean_seconds:.2f} s")
