@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         with quieted(args.hide_tensorflow_startup and not getattr(args, "verbose", False)):
-            return int(args.run(args) or 0)
+            code = int(args.run(args) or 0)
+            sys.stdout.flush()      # a closed pipe shows up here, inside the handler below
+            return code
     except (MemfitError, ValueError) as e:
         print(f"memfit {args.command}: error: {e}", file=sys.stderr)
         return 2
