@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import memfit
+from memfit.quiet import quieted
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -80,9 +81,12 @@ def main() -> None:
     print(f"4. training a small CNN from the stream under memfit run, restarted every "
           f"{restart_every} epochs")
     started = time.perf_counter()
-    outcome = memfit.run([sys.executable, __file__, "train", "--data", str(workdir / "data"),
-                          "--budget", args.budget, "--epochs", str(args.epochs)],
-                         workdir=run, restart_every=restart_every)
+    # As `memfit run` does on the command line: the training's output, without
+    # TensorFlow's start-up lines (memfit.quiet).
+    with quieted():
+        outcome = memfit.run([sys.executable, __file__, "train", "--data",
+                              str(workdir / "data"), "--budget", args.budget, "--epochs",
+                              str(args.epochs)], workdir=run, restart_every=restart_every)
     seconds = time.perf_counter() - started
     if not outcome.finished:
         raise SystemExit(f"the training did not finish: {outcome.stop_reason}")
