@@ -5,10 +5,25 @@ A story script runs unchanged under ``memfit watch`` and ``memfit doctor``; with
 """
 
 import os
+import time
+from collections.abc import Iterator
 
 import keras
 
 EPOCHS = int(os.environ.get("STORY_EPOCHS", "6"))
+MIN_SECONDS = 6.0
+
+
+def epochs(at_least: int = EPOCHS) -> Iterator[int]:
+    """Epoch numbers: at least ``at_least`` of them, and for at least MIN_SECONDS, so that
+    a watch from outside sees several seconds of training after TensorFlow's import
+    however fast the machine is (on a quiet 2-core machine six epochs of a story script
+    take 1-3 s, too few samples to tell a level from growth)."""
+    started = time.monotonic()
+    epoch = 0
+    while epoch < at_least or time.monotonic() - started < MIN_SECONDS:
+        yield epoch
+        epoch += 1
 
 
 def model(shape):

@@ -5,10 +5,10 @@ the del: glibc keeps the freed chunks of the list in its arenas (allocator reten
 import gc
 
 import numpy as np
-from common import EPOCHS, callbacks, model
+from common import callbacks, epochs, model
 
 m = model((48, 64))
-for epoch in range(EPOCHS):
+for epoch in epochs():
     rng = np.random.default_rng(epoch)
     samples = []
     for i in range(6000):

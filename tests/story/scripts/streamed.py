@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import EPOCHS, callbacks, model
+from common import callbacks, epochs, model
 
 import memfit
 
@@ -23,6 +23,6 @@ if not (work / "data" / "manifest.json").exists():
     pack(work)
 train = memfit.dataset(work / "data", 256, features=("x", "y"), memory_budget="256MiB")
 m = model((48, 64))
-for _ in range(EPOCHS):
+for _ in epochs():
     m.fit(train, epochs=1, verbose=0, callbacks=callbacks())
 print("streamed: trained")
