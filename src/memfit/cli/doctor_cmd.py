@@ -32,7 +32,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from memfit.cli.common import add_command_argument
 from memfit.process import CommandStartError
@@ -41,26 +41,23 @@ NAME = "doctor"
 HELP = "run a training command for a few steps and say what to change about its memory"
 
 
-def _steps(value: str) -> int:
-    try:
-        steps = int(value)
-    except ValueError:
-        steps = 0
-    if steps < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer number of training "
-                                         f"steps, such as 100. Received: --steps {value!r}")
-    return steps
+def _positive_int(flag: str, unit: str, example: int) -> Callable[[str], int]:
+    """An argparse type: a positive integer, or one line quoting what was given."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer number of {unit}, "
+                                             f"such as {example}. Received: {flag} {value!r}")
+        return number
+
+    return parse
 
 
-def _epochs(value: str) -> int:
-    try:
-        epochs = int(value)
-    except ValueError:
-        epochs = 0
-    if epochs < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer number of epochs, such "
-                                         f"as 3. Received: --epochs {value!r}")
-    return epochs
+_steps = _positive_int("--steps", "training steps", 100)
+_epochs = _positive_int("--epochs", "epochs", 3)
 
 
 def _seconds(value: str) -> float:
