@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import IO
 
-__all__ = ["temporary_name", "write_text_atomic", "file_sha256", "TMP_MARK"]
+__all__ = ["temporary_name", "write_text_atomic", "discard", "file_sha256", "TMP_MARK"]
 
 TMP_MARK = ".tmp-"
 
@@ -33,6 +34,22 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def discard(file: IO, tmp: str | os.PathLike) -> None:
+    """Gives up a file being written under a temporary name: closes it (a close that
+    fails again, as on a full disk, is ignored) and removes the temporary file.
+
+    Args:
+        file: the open file.
+        tmp: its temporary name (see :func:`temporary_name`).
+    """
+    try:
+        file.close()
+    except OSError:
+        pass
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def file_sha256(path: str | os.PathLike) -> str:

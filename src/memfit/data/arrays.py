@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memfit._version import __version__
-from memfit.atomic import file_sha256, temporary_name, write_text_atomic
+from memfit.atomic import discard, file_sha256, temporary_name, write_text_atomic
 from memfit.data.manifest import MANIFEST, Feature, ManifestSchema
 from memfit.data.pipeline import (
     BufferPool,
@@ -865,12 +865,7 @@ class _NpyWriter:
         return ArrayFile(file="", bytes=self.bytes, sha256=self._sha.hexdigest())
 
     def abandon(self) -> None:
-        try:
-            self._file.close()          # may fail again (a full disk fails the flush too)
-        except OSError:
-            pass
-        finally:
-            self.tmp.unlink(missing_ok=True)
+        discard(self._file, self.tmp)
 
 
 def _write_split(src: ArraySource, out: Path, split: str, idx: np.ndarray,

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memfit._version import __version__
-from memfit.atomic import TMP_MARK, file_sha256, temporary_name, write_text_atomic
+from memfit.atomic import TMP_MARK, discard, file_sha256, temporary_name, write_text_atomic
 from memfit.data.manifest import MANIFEST, Feature, Manifest, Shard, Split, shard_name
 from memfit.data.records import LENGTHS_SUFFIX, encode_example, frame
 from memfit.data.sources import ArraySource, StreamSource, csv_to_npy, open_source
@@ -199,12 +199,7 @@ class _ShardWriter:
         return shard, self.raw_bytes
 
     def abandon(self) -> None:
-        try:
-            self._file.close()          # may fail again (a full disk fails the flush too)
-        except OSError:
-            pass
-        finally:
-            self.tmp.unlink(missing_ok=True)
+        discard(self._file, self.tmp)
 
 
 def _encode_block(block: Mapping[str, Any], features: Mapping[str, Feature]) -> tuple[bytes, int]:
