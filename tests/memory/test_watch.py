@@ -282,3 +282,15 @@ def test_watch_report_flag_and_a_monitor_inside_share_the_workdir(tmp_path, caps
     assert any(r.get("scope") == "tree" for r in records if r["event"] == "sample")
     assert (tmp_path / "w" / "report.html").exists()
     assert "report:" in capsys.readouterr().err
+
+
+def test_a_supervisor_keeps_a_bounded_number_of_samples_over_the_whole_run():
+    from memfit.memory.watch import EvenSamples
+
+    kept = EvenSamples(limit=1000)
+    for t in range(100_000):            # a run of any length: samples arrive one by one
+        kept.add(t)
+    assert len(kept.items) <= 1000 and kept.seen == 100_000 and kept.last == 99_999
+    assert kept.items[0] == 0 and kept.items[-1] > 99_000     # the whole run covered
+    gaps = {b - a for a, b in zip(kept.items, kept.items[1:], strict=False)}
+    assert len(gaps) == 1                                      # evenly spaced

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -40,7 +41,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import MemoryLog, read_log
@@ -56,8 +57,8 @@ from memfit.process import (
 )
 from memfit.workdir import WORKDIR_ENV, Workdir
 
-__all__ = ["watch", "judge", "OutsideVerdict", "WatchResult", "CommandStartError", "SLICES",
-           "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
+__all__ = ["watch", "judge", "EvenSamples", "OutsideVerdict", "WatchResult",
+           "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
 MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
@@ -324,8 +325,8 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     proc = start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)})
     log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
     started = time.time()
-    samples: list[Sample] = []
-    anon: list[float] = []
+    samples = EvenSamples()
+    recent: collections.deque[Sample] = collections.deque(maxlen=_STATUS_MAX_SAMPLES)
     peak: Sample | None = None
     line = _StatusLine(status, started)
     try:
@@ -336,12 +337,10 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
                 except ProcessLookupError:      # it ended (a zombie has no memory left)
                     continue
                 log.write("sample", scope="tree", **s.as_record())
-                samples.append(s)
-                anon.append(float(s.anon_or_total))
+                samples.add(s)
+                recent.append(s)
                 peak = peak_of(peak, s)
-                recent = [x for x in samples[-_STATUS_MAX_SAMPLES:]
-                          if x.t >= s.t - _STATUS_WINDOW]
-                line.update(recent, peak)
+                line.update([x for x in recent if x.t >= s.t - _STATUS_WINDOW], peak)
     except BaseException:
         # Like subprocess.run: never leave the command running unattended.
         if proc.poll() is None:
@@ -358,17 +357,55 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     log.write("exit", pid=proc.pid, **exit_fields)
 
     duration = time.time() - started
-    judged = judge(samples, wd.log, since, duration, command)
+    judged = judge(samples.items, wd.log, since, duration, command)
     # The verdict is about the command: log it under the command's pid. (The explanation
     # of a leak already says that no trim probe could run from outside.)
     log.write("verdict", pid=proc.pid, source="watch", **judged.to_record())
     log.close()
-    final = samples[-1] if samples else None
-    growth = int(anon[-1] - anon[0]) if anon else 0
-    return WatchResult(exit_code=code, samples=len(samples), peak=peak, final=final,
+    final, first = samples.last, samples.items[0] if samples.items else None
+    growth = final.anon_or_total - first.anon_or_total if final and first else 0
+    return WatchResult(exit_code=code, samples=samples.seen, peak=peak, final=final,
                        growth=growth, verdict=judged.verdict, duration=duration,
                        log_path=wd.log, command=tuple(command), basis=judged.basis,
                        level=judged.level)
+
+
+MAX_KEPT = 20_000            # samples kept for the verdict (a week at 0.5 s is 1.2 M)
+
+
+class EvenSamples:
+    """The samples of a run of any length, kept evenly spaced and bounded: past
+    ``limit``, every other one is dropped and only every other new one kept from then
+    on (the log keeps them all). Time slices and the start-up and teardown cuts need
+    coverage over the run, not every sample.
+
+    Example:
+        >>> kept = EvenSamples(limit=4)
+        >>> for i in range(10):
+        ...     kept.add(i)
+        >>> kept.items, kept.last
+        ([0, 4, 8], 9)
+
+    Args:
+        limit: the most samples to keep.
+    """
+
+    def __init__(self, limit: int = MAX_KEPT):
+        self.limit = limit
+        self.items: list = []
+        self.last: Any = None
+        self.seen = 0
+        self._stride = 1
+
+    def add(self, item: Any) -> None:
+        """Counts a new sample, and keeps it if it falls on the current spacing."""
+        if self.seen % self._stride == 0:
+            self.items.append(item)
+            if len(self.items) > self.limit:
+                del self.items[1::2]
+                self._stride *= 2
+        self.seen += 1
+        self.last = item
 
 
 @dataclasses.dataclass(frozen=True)

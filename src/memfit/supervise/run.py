@@ -47,7 +47,7 @@ from memfit import exitcodes
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Sample, peak_of, sample
 from memfit.memory.sizes import format_size, parse_size
-from memfit.memory.watch import OutsideVerdict, judge
+from memfit.memory.watch import EvenSamples, OutsideVerdict, judge
 from memfit.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
@@ -312,7 +312,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                 protocol.clear_request(wd.path)
                 resumed_at = _position(store)
                 proc = start(command, env)
-                samples = []
+                samples = EvenSamples()
                 child = _supervise(proc, log, wd, store, resumed_at, max_rss, hard_rss,
                                    grace, interval, stop_grace, interrupted=received,
                                    samples=samples)
@@ -378,11 +378,12 @@ _STOPS = {
 }
 
 
-def _memory(child: ChildRun, samples: list[Sample], wd: Workdir, command: Sequence[str],
+def _memory(child: ChildRun, samples: EvenSamples, wd: Workdir, command: Sequence[str],
             log: MemoryLog) -> OutsideVerdict | None:
     """The last process's memory, judged from outside (and logged), unless it lived too
     short to tell (a process per epoch usually does)."""
-    judged = judge(samples, wd.log, child.started, child.ended - child.started, command)
+    judged = judge(samples.items, wd.log, child.started, child.ended - child.started,
+                   command)
     if judged.verdict.kind == "unknown":
         return None
     log.write("verdict", pid=child.pid, source="run", **judged.to_record())
@@ -424,7 +425,7 @@ def _sleep(seconds: float, interrupted: list[int]) -> bool:
 def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: CheckpointStore,
                resumed_at: tuple[int, int], max_rss: int | None, hard_rss: int | None,
                grace: float, interval: float, stop_grace: float,
-               interrupted: list[int], samples: list[Sample]) -> ChildRun:
+               interrupted: list[int], samples: EvenSamples) -> ChildRun:
     """Samples one child until it exits (into ``samples``); asks for a restart or kills
     it on memory."""
     started = time.time()
@@ -446,7 +447,7 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
             s = None
         if s is not None:
             log.write("sample", scope="tree", **s.as_record())
-            samples.append(s)
+            samples.add(s)
             peak = peak_of(peak, s)
             anon = s.anon_or_total
             if killed is None and hard_rss and anon >= hard_rss:
