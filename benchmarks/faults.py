@@ -219,10 +219,9 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
                 restarted = True
                 proc.stderr.close()
                 continue
-        stderr = proc.communicate()[1].decode(errors="replace")
-        if proc.returncode != 0:
-            return {"records": records, "finished": False,
-                    "error": f"exit {proc.returncode}: {stderr[-2000:]}"}
+        failed = _failed(proc, records)
+        if failed:
+            return failed
         break
     else:
         return {"records": records, "finished": False, "error": "never finished"}
@@ -274,10 +273,9 @@ def sigterm_memfit_run(data: Path, root: Path, config: str, epochs: int, terms: 
                                 "checkpoint_problem": checkpoint_loads(wd)})
                 parent.stderr.close()
                 continue
-        stderr = parent.communicate()[1].decode(errors="replace")
-        if parent.returncode != 0:
-            return {"records": records, "finished": False,
-                    "error": f"exit {parent.returncode}: {stderr[-2000:]}"}
+        failed = _failed(parent, records)
+        if failed:
+            return failed
         break
     rows = phase_log(out)
     pids = list(dict.fromkeys(p for _, p, name, _ in rows if name == "import"))
@@ -289,6 +287,15 @@ def sigterm_memfit_run(data: Path, root: Path, config: str, epochs: int, terms: 
                 record["redone"] = record["iterations"] - restored
     return {"records": records, "finished": True, "identical": identical(finals(out),
                                                                            reference)}
+
+
+def _failed(proc: subprocess.Popen, records: list[dict]) -> dict | None:
+    """Waits for the last, unkilled process; the run's outcome if it failed."""
+    stderr = proc.communicate()[1].decode(errors="replace")
+    if proc.returncode == 0:
+        return None
+    return {"records": records, "finished": False,
+            "error": f"exit {proc.returncode}: {stderr[-2000:]}"}
 
 
 def _alive(pid: int) -> bool:
