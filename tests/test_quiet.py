@@ -6,7 +6,8 @@ import warnings
 
 import numpy as np
 
-from memfit import process, quiet
+from memfit import quiet
+from memfit.memory import process
 from memfit.quiet import FilteredPopen, LineFilter, is_noise, quieted, strip_noise
 
 # As TensorFlow 2.21 prints them on this machine (no GPU), in order.

@@ -64,7 +64,7 @@ def __getattr__(name: str) -> Any:
 
         return memfit.doctor
     if name == "MemoryMonitor":
-        from memfit.memory.monitor import MemoryMonitor
+        from memfit.supervise.monitor import MemoryMonitor
 
         return MemoryMonitor
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")

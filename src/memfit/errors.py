@@ -6,7 +6,15 @@ __all__ = ["MemfitError", "DatasetError", "CorruptShardError"]
 
 
 class MemfitError(Exception):
-    """Base class of memfit's own errors."""
+    """Base class of memfit's own errors.
+
+    Attributes:
+        exit_code: what the ``memfit`` command exits with when this error ends it: 2
+            (bad input) unless a subclass says otherwise (a command that does not exist:
+            127, as in a shell). ``memfit.cli.main`` handles every one of them, once.
+    """
+
+    exit_code: int = 2
 
 
 class DatasetError(MemfitError, ValueError):

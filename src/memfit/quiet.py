@@ -23,7 +23,7 @@ What silences what (measured with ``python -c "import tensorflow"``):
 So memfit removes these lines by what they say, and leaves everything else (the user's
 output, TensorFlow's warnings and errors) as it is:
 
-- in the processes memfit starts (:func:`memfit.process.start`, for ``memfit run``,
+- in the processes memfit starts (:func:`memfit.memory.process.start`, for ``memfit run``,
   ``share`` and ``doctor``), while :func:`quieted` is on: their stderr passes through
   :class:`LineFilter` on its way to the terminal (or the job's log file). Their
   environment is not changed; ``memfit watch`` does not turn it on (it runs the command
@@ -370,7 +370,7 @@ def _log_level() -> Iterator[None]:
 def quieted(enabled: bool = True) -> Iterator[None]:
     """TensorFlow's start-up lines off the screen while the block runs: in this process's
     own import of TensorFlow (if it happens in the block) and in the stderr of the
-    children :func:`memfit.process.start` starts. ``enabled=False`` (``--verbose``)
+    children :func:`memfit.memory.process.start` starts. ``enabled=False`` (``--verbose``)
     changes nothing.
 
     Example:

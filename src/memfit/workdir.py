@@ -19,14 +19,14 @@ import dataclasses
 import os
 from pathlib import Path
 
+from memfit.env import WORKDIR_ENV
 from memfit.errors import MemfitError
 
-__all__ = ["Workdir", "LOG_NAME", "WORKDIR_ENV", "default_workdir"]
+__all__ = ["Workdir", "LOG_NAME", "default_workdir"]
 
 LOG_NAME = "memory.jsonl"
 # Set by `memfit watch` (and later `run`, `share`) for the command they start, so that a
 # MemoryMonitor inside it writes to the same workdir without being told.
-WORKDIR_ENV = "MEMFIT_WORKDIR"
 
 
 def default_workdir(fallback: str = "memfit-workdir") -> str:

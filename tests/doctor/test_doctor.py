@@ -15,7 +15,7 @@ import pytest
 
 from memfit.doctor import doctor
 from memfit.doctor.findings import BUFFER_MIN, DATA_MIN
-from memfit.process import CommandStartError
+from memfit.memory.process import CommandStartError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MiB = 2**20

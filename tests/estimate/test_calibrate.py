@@ -59,8 +59,8 @@ def test_gpu_calibration_without_a_gpu_is_a_clear_error(cache_home):
 def test_a_gpu_baseline_is_measured_with_memory_growth(monkeypatch):
     # Without growth TensorFlow's first GPU op reserves most of the card, and NVML would
     # report that as the framework's baseline. Here (no GPU) the op falls back to the CPU.
+    from memfit import device
     from memfit.estimate import child
-    from memfit.share import device
 
     calls = []
     monkeypatch.setattr(device, "configure_device", lambda **kw: calls.append(kw))

@@ -9,7 +9,7 @@ import pytest
 from memfit.cli import main
 from memfit.estimate import find_batch_size, measure_training
 from memfit.estimate.search import SearchResult, Trial
-from memfit.memory.sizes import parse_size
+from memfit.sizes import parse_size
 
 MODELS = Path(__file__).with_name("models.py")
 TINY = f"{MODELS}:tiny"

@@ -13,7 +13,8 @@ from memfit import exitcodes
 from memfit.cli import main
 from memfit.errors import MemfitError
 from memfit.memory.log import read_log
-from memfit.memory.watch import OUTSIDE_NOTE, CommandStartError, watch
+from memfit.memory.process import CommandStartError
+from memfit.memory.watch import OUTSIDE_NOTE, watch
 
 MiB = 2**20
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
@@ -285,7 +286,7 @@ def test_watch_report_flag_and_a_monitor_inside_share_the_workdir(tmp_path, caps
 
 
 def test_a_supervisor_keeps_a_bounded_number_of_samples_over_the_whole_run():
-    from memfit.memory.watch import EvenSamples
+    from memfit.memory.sampler import EvenSamples
 
     kept = EvenSamples(limit=1000)
     for t in range(100_000):            # a run of any length: samples arrive one by one

@@ -8,32 +8,31 @@ import types
 import pytest
 
 import memfit
-from memfit.share import device as device_module
-from memfit.share.device import (
-    MEMORY_GROWTH_ENV,
-    MEMORY_LIMIT_ENV,
+from memfit import device as device_module
+from memfit.device import (
     DeviceConfigError,
     configure_device,
     device_env,
     device_settings,
 )
+from memfit.env import GPU_MEMORY_GROWTH_ENV, GPU_MEMORY_LIMIT_ENV
 
 MIB = 2**20
 
 
 def test_settings_from_the_environment():
     assert device_settings(environ={}) == (None, None, "none")
-    assert device_settings(environ={MEMORY_LIMIT_ENV: "1GiB"}) == (2**30, None, "environment")
-    assert device_settings(environ={MEMORY_LIMIT_ENV: "1073741824"})[0] == 2**30
-    assert device_settings(environ={MEMORY_GROWTH_ENV: "true"}) == (None, True, "environment")
-    assert device_settings(environ={MEMORY_GROWTH_ENV: "0"}) == (None, False, "environment")
+    assert device_settings(environ={GPU_MEMORY_LIMIT_ENV: "1GiB"}) == (2**30, None, "environment")
+    assert device_settings(environ={GPU_MEMORY_LIMIT_ENV: "1073741824"})[0] == 2**30
+    assert device_settings(environ={GPU_MEMORY_GROWTH_ENV: "true"}) == (None, True, "environment")
+    assert device_settings(environ={GPU_MEMORY_GROWTH_ENV: "0"}) == (None, False, "environment")
     # what memfit share hands down is read back unchanged
     assert device_settings(environ=device_env(memory_limit=3 * 2**30))[0] == 3 * 2**30
     assert device_settings(environ=device_env(growth=True))[1] is True
 
 
 def test_arguments_win_over_the_environment():
-    env = {MEMORY_LIMIT_ENV: "1GiB"}
+    env = {GPU_MEMORY_LIMIT_ENV: "1GiB"}
     assert device_settings("512MiB", environ=env) == (512 * MIB, None, "arguments")
     assert device_settings(growth=True, environ=env) == (None, True, "arguments")
 
@@ -44,11 +43,11 @@ def test_arguments_win_over_the_environment():
     ({"memory_limit": "1GiB", "growth": True}, "either a memory cap or memory growth"),
     ({"growth": "maybe"}, "growth must be true or false.*Received: growth='maybe'"),
     ({"growth": 3}, "growth must be True or False. Received: growth=3"),
-    ({"environ": {MEMORY_LIMIT_ENV: "2 gigs"}},
-     f"{MEMORY_LIMIT_ENV} is not a size.*Received: {MEMORY_LIMIT_ENV}='2 gigs'"),
-    ({"environ": {MEMORY_GROWTH_ENV: "sometimes"}},
-     f"Received: {MEMORY_GROWTH_ENV}='sometimes'"),
-    ({"environ": {MEMORY_LIMIT_ENV: "1GiB", MEMORY_GROWTH_ENV: "1"}}, "not both"),
+    ({"environ": {GPU_MEMORY_LIMIT_ENV: "2 gigs"}},
+     f"{GPU_MEMORY_LIMIT_ENV} is not a size.*Received: {GPU_MEMORY_LIMIT_ENV}='2 gigs'"),
+    ({"environ": {GPU_MEMORY_GROWTH_ENV: "sometimes"}},
+     f"Received: {GPU_MEMORY_GROWTH_ENV}='sometimes'"),
+    ({"environ": {GPU_MEMORY_LIMIT_ENV: "1GiB", GPU_MEMORY_GROWTH_ENV: "1"}}, "not both"),
 ])
 def test_bad_settings_are_clear_errors(kwargs, message):
     environ = kwargs.pop("environ", {})
@@ -57,8 +56,8 @@ def test_bad_settings_are_clear_errors(kwargs, message):
 
 
 def test_nothing_to_do_imports_no_tensorflow(monkeypatch):
-    monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
-    monkeypatch.delenv(MEMORY_GROWTH_ENV, raising=False)
+    monkeypatch.delenv(GPU_MEMORY_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(GPU_MEMORY_GROWTH_ENV, raising=False)
     monkeypatch.setattr(device_module, "_tensorflow", lambda: pytest.fail("imported TF"))
     config = configure_device()
     assert not config.applied and config.source == "none"
@@ -119,8 +118,8 @@ class FakeTF:
 def fake_tf(monkeypatch):
     tf = FakeTF(gpus=("/physical_device:GPU:0", "/physical_device:GPU:1"))
     monkeypatch.setattr(device_module, "_tensorflow", lambda: tf)
-    monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
-    monkeypatch.delenv(MEMORY_GROWTH_ENV, raising=False)
+    monkeypatch.delenv(GPU_MEMORY_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(GPU_MEMORY_GROWTH_ENV, raising=False)
     return tf
 
 
@@ -138,10 +137,10 @@ def test_the_gpu_cap_is_set_in_whole_mib_on_every_gpu(fake_tf):
 
 
 def test_the_cap_from_memfit_share_and_growth(fake_tf, monkeypatch):
-    monkeypatch.setenv(MEMORY_LIMIT_ENV, str(2**30))
+    monkeypatch.setenv(GPU_MEMORY_LIMIT_ENV, str(2**30))
     config = configure_device()
     assert config.source == "environment" and fake_tf.limits["/physical_device:GPU:0"] == 1024
-    monkeypatch.delenv(MEMORY_LIMIT_ENV)
+    monkeypatch.delenv(GPU_MEMORY_LIMIT_ENV)
     fresh = FakeTF()
     monkeypatch.setattr(device_module, "_tensorflow", lambda: fresh)
     assert configure_device(growth=True).growth is True

@@ -3,6 +3,7 @@
 import pytest
 
 import memfit
+from memfit.env import SUPERVISOR_ENV
 from memfit.supervise import CheckpointError, CheckpointStore, protocol
 
 
@@ -33,7 +34,7 @@ def test_another_seed_for_the_same_workdir_is_refused(tmp_path, monkeypatch):
     checkpoint_with_seed(tmp_path, 11)
     with pytest.raises(CheckpointError, match="seed=11, not seed=12"):
         memfit.session(tmp_path, seed=12)
-    monkeypatch.setenv(protocol.SUPERVISOR_ENV, "1")
+    monkeypatch.setenv(SUPERVISOR_ENV, "1")
     with pytest.raises(SystemExit) as e:         # under memfit run: exit 78, no restart
         memfit.session(tmp_path, seed=12)
     assert e.value.code == 78
@@ -74,7 +75,7 @@ def test_a_leak_verdict_asks_the_supervised_session_to_restart(tmp_path, monkeyp
     session (which checkpoints everything), instead of saving a bare .keras and exiting."""
     from memfit.memory.classify import classify
 
-    monkeypatch.setenv(protocol.SUPERVISOR_ENV, "1")
+    monkeypatch.setenv(SUPERVISOR_ENV, "1")
     with memfit.session(tmp_path, verbose=0) as s:
         monitor = memfit.MemoryMonitor(tmp_path, on_leak="restart", verbose=0)
         monitor.on_train_begin()

@@ -72,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.run(args) or 0)
             sys.stdout.flush()      # a closed pipe shows up here, inside the handler below
             return code
-    except (MemfitError, ValueError) as e:
+    except MemfitError as e:
+        print(f"memfit {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except ValueError as e:
         print(f"memfit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -35,7 +35,6 @@ import sys
 from collections.abc import Callable, Iterator
 
 from memfit.cli.common import add_command_argument
-from memfit.process import CommandStartError
 
 NAME = "doctor"
 HELP = "run a training command for a few steps and say what to change about its memory"
@@ -120,17 +119,13 @@ def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
     from memfit.doctor.run import doctor
 
-    try:
-        with _stdout_to_stderr(args.json):
-            if args.steps is not None and args.epochs is not None:
-                print("memfit doctor: error: give --steps or --epochs, not both. Received: "
-                      f"--steps {args.steps} --epochs {args.epochs}", file=sys.stderr)
-                return 2
-            result = doctor(args.cmd, steps=args.steps, seconds=args.seconds,
-                            epochs=args.epochs, workdir=args.workdir, interval=args.interval)
-    except CommandStartError as e:
-        print(f"memfit doctor: error: {e}", file=sys.stderr)
-        return e.exit_code
+    with _stdout_to_stderr(args.json):
+        if args.steps is not None and args.epochs is not None:
+            print("memfit doctor: error: give --steps or --epochs, not both. Received: "
+                  f"--steps {args.steps} --epochs {args.epochs}", file=sys.stderr)
+            return 2
+        result = doctor(args.cmd, steps=args.steps, seconds=args.seconds,
+                        epochs=args.epochs, workdir=args.workdir, interval=args.interval)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:

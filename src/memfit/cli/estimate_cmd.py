@@ -25,7 +25,7 @@ import json
 import sys
 
 from memfit.estimate.optimizers import OPTIMIZERS
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 NAME = "estimate"
 HELP = "estimate a Keras model's training memory (and the largest batch that fits)"

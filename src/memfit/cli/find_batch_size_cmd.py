@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit.estimate.search import find_batch_size
-    from memfit.memory.sizes import format_size
+    from memfit.sizes import format_size
 
     def progress(trial: object) -> None:
         peak = format_size(trial.peak) if trial.peak is not None else "n/a"  # type: ignore[attr-defined]

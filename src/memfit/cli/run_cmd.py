@@ -24,7 +24,6 @@ import argparse
 import sys
 
 from memfit.cli.common import add_command_argument
-from memfit.process import CommandStartError
 from memfit.supervise import protocol
 from memfit.supervise.run import run as supervise
 
@@ -61,14 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = supervise(args.cmd, workdir=args.workdir, restart_every=args.restart_every,
-                           max_rss=args.max_rss, hard_rss=args.hard_rss,
-                           max_restarts=args.max_restarts, grace=args.grace,
-                           interval=args.interval, stop_grace=args.stop_grace)
-    except CommandStartError as e:
-        print(f"memfit run: error: {e}", file=sys.stderr)
-        return e.exit_code
+    result = supervise(args.cmd, workdir=args.workdir, restart_every=args.restart_every,
+                       max_rss=args.max_rss, hard_rss=args.hard_rss,
+                       max_restarts=args.max_restarts, grace=args.grace,
+                       interval=args.interval, stop_grace=args.stop_grace)
     if args.report:
         from memfit.report import write_report
 

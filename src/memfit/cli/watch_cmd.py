@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from memfit.cli.common import add_command_argument
-from memfit.memory.watch import CommandStartError, watch
+from memfit.memory.watch import watch
 
 NAME = "watch"
 HELP = "run a command and watch its memory (process tree) from outside"
@@ -37,11 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = watch(args.cmd, interval=args.interval, workdir=args.workdir)
-    except CommandStartError as e:
-        print(f"memfit watch: error: {e}", file=sys.stderr)
-        return e.exit_code
+    result = watch(args.cmd, interval=args.interval, workdir=args.workdir)
     print(result, file=sys.stderr)
     if args.report:
         from memfit.report import write_report

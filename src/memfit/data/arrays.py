@@ -65,7 +65,7 @@ from memfit.data.pipeline import (
 )
 from memfit.data.sources import _check_dtype
 from memfit.errors import DatasetError
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 if TYPE_CHECKING:
     import tensorflow as tf

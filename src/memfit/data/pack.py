@@ -46,7 +46,7 @@ from memfit.data.manifest import MANIFEST, Feature, Manifest, Shard, Split, shar
 from memfit.data.records import LENGTHS_SUFFIX, encode_example, frame
 from memfit.data.sources import ArraySource, StreamSource, csv_to_npy, open_source
 from memfit.errors import DatasetError
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 if TYPE_CHECKING:
     from memfit.data.arrays import ArraysManifest

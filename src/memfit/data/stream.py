@@ -70,8 +70,8 @@ from memfit.data.pipeline import (
 )
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import CorruptShardError, DatasetError
-from memfit.memory.sizes import format_size, parse_size
 from memfit.quiet import ignore_keras_shuffle_warning
+from memfit.sizes import format_size, parse_size
 
 __all__ = ["dataset", "DatasetPlan", "plan_dataset"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from memfit.data import arrays
 from memfit.data.manifest import Manifest, Shard
 from memfit.data.records import RecordError, iter_records
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
 

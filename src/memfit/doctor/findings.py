@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from memfit.memory.classify import KEPT_MIN
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["Finding", "Facts", "RULES", "diagnose", "DATA_MIN", "DATA_SHARE",
            "ACTIVATIONS_MIN", "ACTIVATIONS_SHARE", "WARMUP_MIN", "RETENTION_MIN", "BUFFER_MIN",

@@ -53,10 +53,10 @@ from typing import Any
 from memfit.atomic import write_text_atomic
 from memfit.doctor.arrays import fit_arrays, memfit_buffers, resident_arrays
 from memfit.doctor.pipeline import inspect_dataset, is_dataset
+from memfit.env import WORKDIR_ENV
 from memfit.memory.allocator import ReleaseProbe
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import sample
-from memfit.workdir import WORKDIR_ENV
 
 __all__ = ["attach", "finish", "deadline_passed", "results_path", "SLICES", "FORMAT"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from memfit.doctor.findings import Finding
 from memfit.memory.probe import Sample
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["DoctorResult", "format_finding", "WIDTH"]
 

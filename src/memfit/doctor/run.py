@@ -32,8 +32,8 @@ from memfit.doctor.probe import FORMAT as PROBE_FORMAT
 from memfit.doctor.report import DoctorResult
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import system_memory
+from memfit.memory.process import check_command
 from memfit.memory.watch import watch
-from memfit.process import check_command
 from memfit.workdir import Workdir
 
 __all__ = ["doctor", "DEFAULT_EPOCHS", "DEFAULT_SECONDS", "DEFAULT_WORKDIR",

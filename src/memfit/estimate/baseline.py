@@ -35,9 +35,10 @@ import time
 from pathlib import Path
 
 from memfit.atomic import write_text_atomic
+from memfit.env import CACHE_ENV
 from memfit.errors import MemfitError
 from memfit.memory.probe import nvml_devices
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["Calibration", "calibrate", "load_calibration", "framework_baseline",
            "ensure_calibration", "save_calibration", "cache_path", "DEFAULT_BASELINE",
@@ -47,7 +48,6 @@ log = logging.getLogger("memfit.estimate")
 
 FORMAT = "memfit-calibration"
 #: Set to a directory to keep the calibration cache there instead of under XDG_CACHE_HOME.
-CACHE_ENV = "MEMFIT_CACHE_DIR"
 # Used until `memfit calibrate` ran: TF 2.21 + Keras 3 on x86-64 Linux (CPU: anonymous
 # RSS; GPU: NVML per-process memory of a CUDA context with TensorFlow started).
 DEFAULT_BASELINE = {"cpu": 220 * 2**20, "gpu": 600 * 2**20}

@@ -48,7 +48,7 @@ def _framework_baseline(device: str) -> dict:
     if device.startswith("gpu"):
         # Memory growth: otherwise TensorFlow's first op reserves most of the card, and
         # NVML would charge all of it to the process as its "baseline".
-        from memfit.share.device import configure_device
+        from memfit.device import configure_device
 
         configure_device(growth=True)
     with tf.device("/GPU:0" if device.startswith("gpu") else "/CPU:0"):

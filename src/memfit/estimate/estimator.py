@@ -55,7 +55,7 @@ from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
            "predict_from_features", "resident_tensors"]

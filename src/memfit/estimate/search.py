@@ -26,7 +26,7 @@ from memfit.estimate.measure import ChildResult, measure_training, run_child
 from memfit.estimate.model import EstimateError, ModelSpec, check_policy, parse_input_shape
 from memfit.estimate.optimizers import check_optimizer
 from memfit.memory.allocator import check_policy as check_allocator
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 __all__ = ["SearchResult", "Trial", "find_batch_size"]
 

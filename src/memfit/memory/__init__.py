@@ -1,23 +1,14 @@
-"""Memory: sizes, the one probe, the shared log, the leak classifier and the monitor.
-
-``MemoryMonitor`` imports Keras; it is loaded on first use.
+"""Memory: the one probe, the process sampler, the shared log, the allocator and the
+leak classifier. (The Keras callback, ``memfit.MemoryMonitor``, is training-side: it
+lives in :mod:`memfit.supervise.monitor`.)
 """
-
-from typing import Any
 
 from memfit.memory.allocator import malloc_trim
 from memfit.memory.classify import Verdict, classify
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Measurement, Sample, measure, sample
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
-__all__ = ["Measurement", "MemoryLog", "MemoryMonitor", "Sample", "Verdict", "classify",
+__all__ = ["Measurement", "MemoryLog", "Sample", "Verdict", "classify",
            "format_size", "malloc_trim", "measure", "parse_size", "read_log", "sample"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MemoryMonitor":
-        from memfit.memory.monitor import MemoryMonitor
-
-        return MemoryMonitor
-    raise AttributeError(f"module 'memfit.memory' has no attribute {name!r}")

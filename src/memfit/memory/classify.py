@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["Verdict", "classify", "classify_release", "theil_sen", "EXPLANATIONS",
            "MIN_VALUES", "KEPT_MIN", "KEPT_SHARE", "RETENTION_FIX"]

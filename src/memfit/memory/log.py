@@ -35,16 +35,43 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from memfit._version import __version__
 from memfit.errors import MemfitError
 
-__all__ = ["MemoryLog", "read_log", "LogError", "FORMAT"]
+__all__ = ["MemoryLog", "read_log", "LogError", "FORMAT", "Event"]
 
 FORMAT = "memfit-log"
 FORMAT_VERSION = 1
+
+
+class Event(StrEnum):
+    """Every event name a memfit log holds: write and compare ``Event.SAMPLE``, never the
+    bare string (a ``StrEnum`` member equals its string, so old logs read the same)."""
+
+    START = "start"                 # first line of each run: format, source, command...
+    SAMPLE = "sample"               # periodic probe sample (``scope: "tree"`` from outside)
+    TRAIN_BEGIN = "train_begin"
+    TRAIN_END = "train_end"
+    BATCH = "batch"                 # every n batches (MemoryMonitor)
+    EPOCH_END = "epoch_end"         # ``epoch``
+    TRIM = "trim"                   # ``released`` bytes
+    VERDICT = "verdict"             # the classifier's result
+    REQUEST = "request"             # a restart asked of a training (``reason``)
+    KILL = "kill"                   # a supervisor killed a process (``reason``)
+    RESTART = "restart"             # a supervisor started the training again
+    CHECKPOINT = "checkpoint"       # ``epoch``, ``step``, ``seconds``
+    RESUME = "resume"               # ``epoch``, ``step``
+    EXIT = "exit"                   # a process ended (``code``)
+    STOP = "stop"                   # a supervisor stopped for good (``reason``)
+    JOB_START = "job_start"         # memfit share started a job
+    SHARE = "share"                 # memfit share's per-tick totals
+    DOCTOR = "doctor"               # memfit doctor's probe results
+    COLLECT = "collect"             # memfit doctor: a gc.collect() and what it freed
+    FINDINGS = "findings"           # memfit doctor's ranked findings
 
 
 class LogError(MemfitError):
@@ -71,14 +98,15 @@ class MemoryLog:
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")
         if header:
-            self.write("start", format=FORMAT, format_version=FORMAT_VERSION,
+            self.write(Event.START, format=FORMAT, format_version=FORMAT_VERSION,
                        memfit=__version__, source=source, **start_fields)
 
-    def write(self, event: str, *, pid: int | None = None, t: float | None = None,
+    def write(self, event: Event | str, *, pid: int | None = None, t: float | None = None,
               **fields: Any) -> dict:
         """Appends one event; returns the record written."""
-        record = {"t": time.time() if t is None else t, "pid": os.getpid() if pid is None
-                  else pid, "event": event, **{k: v for k, v in fields.items() if v is not None}}
+        record = {"t": time.time() if t is None else t,
+                  "pid": os.getpid() if pid is None else pid, "event": str(event),
+                  **{k: v for k, v in fields.items() if v is not None}}
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             if not self._file.closed:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
            "nvml_memory", "extended_record"]
@@ -128,7 +128,7 @@ def descendants(pid: int) -> list[int]:
     """The pids of every process below ``pid`` (children, theirs...); ``[]`` if it is gone.
 
     The one place that walks a process tree: sampling a tree, its GPU memory, and
-    killing a tree (:func:`memfit.process.kill_tree`) all go through it.
+    killing a tree (:func:`memfit.memory.process.kill_tree`) all go through it.
     """
     try:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]

@@ -41,24 +41,25 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from memfit.env import WORKDIR_ENV
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
-from memfit.memory.log import MemoryLog, read_log
-from memfit.memory.probe import Sample, peak_of, sample
-from memfit.memory.sizes import format_size
-from memfit.process import (
-    CommandStartError,
+from memfit.memory.log import Event, MemoryLog, read_log
+from memfit.memory.probe import Sample
+from memfit.memory.process import (
     check_command,
     exit_code,
     forward_signals,
     start,
     ticks,
 )
-from memfit.workdir import WORKDIR_ENV, Workdir
+from memfit.memory.sampler import TreeSampler
+from memfit.sizes import format_size
+from memfit.workdir import Workdir
 
-__all__ = ["watch", "judge", "EvenSamples", "OutsideVerdict", "WatchResult",
-           "CommandStartError", "SLICES", "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
+__all__ = ["watch", "judge", "OutsideVerdict", "WatchResult",
+           "SLICES", "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
 MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
@@ -325,22 +326,17 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     proc = start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)})
     log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
     started = time.time()
-    samples = EvenSamples()
+    sampler = TreeSampler(proc.pid, log=log)
     recent: collections.deque[Sample] = collections.deque(maxlen=_STATUS_MAX_SAMPLES)
-    peak: Sample | None = None
     line = _StatusLine(status, started)
     try:
         with forward_signals(proc):
             for _ in ticks(proc, interval):
-                try:
-                    s = sample(proc.pid, tree=True)
-                except ProcessLookupError:      # it ended (a zombie has no memory left)
+                s = sampler.take()
+                if s is None:
                     continue
-                log.write("sample", scope="tree", **s.as_record())
-                samples.add(s)
                 recent.append(s)
-                peak = peak_of(peak, s)
-                line.update([x for x in recent if x.t >= s.t - _STATUS_WINDOW], peak)
+                line.update([x for x in recent if x.t >= s.t - _STATUS_WINDOW], sampler.peak)
     except BaseException:
         # Like subprocess.run: never leave the command running unattended.
         if proc.poll() is None:
@@ -354,58 +350,21 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     exit_fields = {"code": code, "duration": time.time() - started}
     if proc.returncode < 0:
         exit_fields["signal"] = -proc.returncode
-    log.write("exit", pid=proc.pid, **exit_fields)
+    log.write(Event.EXIT, pid=proc.pid, **exit_fields)
 
     duration = time.time() - started
+    samples = sampler.samples
     judged = judge(samples.items, wd.log, since, duration, command)
     # The verdict is about the command: log it under the command's pid. (The explanation
     # of a leak already says that no trim probe could run from outside.)
-    log.write("verdict", pid=proc.pid, source="watch", **judged.to_record())
+    log.write(Event.VERDICT, pid=proc.pid, source="watch", **judged.to_record())
     log.close()
     final, first = samples.last, samples.items[0] if samples.items else None
     growth = final.anon_or_total - first.anon_or_total if final and first else 0
-    return WatchResult(exit_code=code, samples=samples.seen, peak=peak, final=final,
+    return WatchResult(exit_code=code, samples=samples.seen, peak=sampler.peak, final=final,
                        growth=growth, verdict=judged.verdict, duration=duration,
                        log_path=wd.log, command=tuple(command), basis=judged.basis,
                        level=judged.level)
-
-
-MAX_KEPT = 20_000            # samples kept for the verdict (a week at 0.5 s is 1.2 M)
-
-
-class EvenSamples:
-    """The samples of a run of any length, kept evenly spaced and bounded: past
-    ``limit``, every other one is dropped and only every other new one kept from then
-    on (the log keeps them all). Time slices and the start-up and teardown cuts need
-    coverage over the run, not every sample.
-
-    Example:
-        >>> kept = EvenSamples(limit=4)
-        >>> for i in range(10):
-        ...     kept.add(i)
-        >>> kept.items, kept.last
-        ([0, 4, 8], 9)
-
-    Args:
-        limit: the most samples to keep.
-    """
-
-    def __init__(self, limit: int = MAX_KEPT):
-        self.limit = limit
-        self.items: list = []
-        self.last: Any = None
-        self.seen = 0
-        self._stride = 1
-
-    def add(self, item: Any) -> None:
-        """Counts a new sample, and keeps it if it falls on the current spacing."""
-        if self.seen % self._stride == 0:
-            self.items.append(item)
-            if len(self.items) > self.limit:
-                del self.items[1::2]
-                self._stride *= 2
-        self.seen += 1
-        self.last = item
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,10 +17,10 @@ import datetime
 from html import escape
 
 from memfit._version import __version__
-from memfit.memory.sizes import format_size
 from memfit.report.data import MARK_EVENTS, MEMORY_FIELDS, RunData, number
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
 from memfit.report.timeline import event_label, format_duration
+from memfit.sizes import format_size
 
 __all__ = ["render"]
 

@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 
 from memfit.atomic import temporary_name
-from memfit.memory.sizes import format_size
 from memfit.report.data import MARK_EVENTS, ProcessData, RunData, anon, number
+from memfit.sizes import format_size
 
 __all__ = ["timeline", "title", "event_label", "format_duration"]
 

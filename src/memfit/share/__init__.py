@@ -20,7 +20,7 @@ import sys
 import types
 from typing import Any
 
-from memfit.share.device import DeviceConfig, DeviceConfigError, configure_device
+from memfit.device import DeviceConfig, DeviceConfigError, configure_device
 from memfit.share.jobs import Job, JobsFileError, JobsSpec, load_jobs, parse_jobs
 from memfit.share.planner import Plan, PlannedJob, pick, plan
 from memfit.share.runner import JobResult, ShareResult, share

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import MemfitError
-from memfit.memory.sizes import parse_size
+from memfit.sizes import parse_size
 
 __all__ = ["Job", "JobsSpec", "JobsFileError", "load_jobs", "parse_jobs", "JOB_KEYS",
            "TOP_KEYS", "AUTO_KEYS", "format_problems"]

@@ -41,7 +41,6 @@ from memfit.errors import MemfitError
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.memory.log import LogError, read_log
 from memfit.memory.probe import nvml_devices, system_memory
-from memfit.memory.sizes import format_size, parse_size
 from memfit.share.jobs import (
     Job,
     JobsFileError,
@@ -50,6 +49,7 @@ from memfit.share.jobs import (
     load_jobs,
     parse_jobs,
 )
+from memfit.sizes import format_size, parse_size
 from memfit.workdir import Workdir
 
 __all__ = ["Plan", "PlannedJob", "plan", "pick", "SUPERVISOR_RSS", "LEARN_MARGIN",

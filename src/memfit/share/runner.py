@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from memfit.atomic import temporary_name
+from memfit.device import device_env
+from memfit.env import SHARE_ENV, SHARE_JOB_ENV, WORKDIR_ENV
 from memfit.memory.log import LogError, MemoryLog, read_log
 from memfit.memory.probe import Sample, nvml_memory, sample
-from memfit.memory.sizes import format_size
-from memfit.process import exit_code, forward_signals, kill_tree, start
-from memfit.share.device import device_env
+from memfit.memory.process import exit_code, forward_signals, kill_tree, start
 from memfit.share.jobs import JobsSpec
 from memfit.share.planner import (
     DEFAULT_WORKDIR,
@@ -66,12 +66,11 @@ from memfit.share.planner import (
     plan,
 )
 from memfit.share.status import Row, Status
-from memfit.workdir import WORKDIR_ENV, Workdir
+from memfit.sizes import format_size
+from memfit.workdir import Workdir
 
-__all__ = ["share", "ShareResult", "JobResult", "JOB_ENV", "SHARE_ENV", "STOP_GRACE"]
+__all__ = ["share", "ShareResult", "JobResult", "STOP_GRACE"]
 
-JOB_ENV = "MEMFIT_SHARE_JOB"        # the job's name, for the job itself
-SHARE_ENV = "MEMFIT_SHARE"          # the job's share in bytes
 STOP_GRACE = 10.0                   # seconds between SIGTERM and SIGKILL on Ctrl-C
 REQUEST_AT = 0.9                    # a supervised job is asked to checkpoint at 90 % of share
 
@@ -226,7 +225,7 @@ class _Active:
 
 def _start_logged(command: list[str], env: Mapping[str, str], stdout: Path,
                   stderr: Path) -> subprocess.Popen:
-    """:func:`memfit.process.start` with the job's stdout and stderr going to files."""
+    """:func:`memfit.memory.process.start` with the job's stdout and stderr going to files."""
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         return start(command, env, stdout=out, stderr=err)
 
@@ -253,7 +252,7 @@ def _command(job: PlannedJob, p: Plan, directory: Path, interval: float) -> list
 
 
 def _environment(job: PlannedJob, p: Plan, directory: Path) -> dict[str, str]:
-    env = {WORKDIR_ENV: str(directory.resolve()), JOB_ENV: job.name,
+    env = {WORKDIR_ENV: str(directory.resolve()), SHARE_JOB_ENV: job.name,
            SHARE_ENV: str(job.charge)}
     if p.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"       # the budget is host memory: keep off GPUs

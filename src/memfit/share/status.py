@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 __all__ = ["Status", "Row", "table"]
 

@@ -22,14 +22,12 @@ import os
 from pathlib import Path
 
 from memfit.atomic import write_text_atomic
+from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV
 
 __all__ = ["DEFAULT_WORKDIR", "SUPERVISOR_ENV", "RESTART_EVERY_ENV", "MAX_RSS_ENV", "REQUEST_NAME",
            "write_request", "read_request", "clear_request"]
 
 DEFAULT_WORKDIR = "memfit-run"      # of `memfit run` and a session not given one
-SUPERVISOR_ENV = "MEMFIT_SUPERVISOR"
-RESTART_EVERY_ENV = "MEMFIT_RESTART_EVERY"
-MAX_RSS_ENV = "MEMFIT_MAX_RSS"
 REQUEST_NAME = "restart.request"
 
 

@@ -44,14 +44,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memfit import exitcodes
+from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
 from memfit.memory.log import MemoryLog, read_log
-from memfit.memory.probe import Sample, peak_of, sample
-from memfit.memory.sizes import format_size, parse_size
-from memfit.memory.watch import EvenSamples, OutsideVerdict, judge
-from memfit.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
+from memfit.memory.probe import Sample
+from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
+from memfit.memory.sampler import EvenSamples, TreeSampler
+from memfit.memory.watch import OutsideVerdict, judge
+from memfit.sizes import format_size, parse_size
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
-from memfit.workdir import WORKDIR_ENV, Workdir
+from memfit.workdir import Workdir
 
 __all__ = ["run", "RunResult", "ChildRun"]
 
@@ -292,11 +294,11 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
         for _ in read_log(wd.log):          # LogError if it is not a memfit log
             pass
     store = CheckpointStore(wd.checkpoints)
-    env = {WORKDIR_ENV: str(wd.path.resolve()), protocol.SUPERVISOR_ENV: str(os.getpid())}
+    env = {WORKDIR_ENV: str(wd.path.resolve()), SUPERVISOR_ENV: str(os.getpid())}
     if restart_every:
-        env[protocol.RESTART_EVERY_ENV] = str(restart_every)
+        env[RESTART_EVERY_ENV] = str(restart_every)
     if max_rss:
-        env[protocol.MAX_RSS_ENV] = str(max_rss)
+        env[MAX_RSS_ENV] = str(max_rss)
 
     since = time.time()
     log = MemoryLog(wd.log, source="run", command=command, restart_every=restart_every,
@@ -429,7 +431,7 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
     """Samples one child until it exits (into ``samples``); asks for a restart or kills
     it on memory."""
     started = time.time()
-    peak: Sample | None = None
+    sampler = TreeSampler(proc.pid, log=log, samples=samples)
     requested: float | None = None
     killed: str | None = None
     signalled: float | None = None
@@ -441,14 +443,8 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
             killed = "stop-grace"
             log.write("kill", pid=proc.pid, reason="stop-grace", grace=stop_grace)
             kill_tree(proc)
-        try:
-            s = sample(proc.pid, tree=True)
-        except ProcessLookupError:          # it ended
-            s = None
+        s = sampler.take()
         if s is not None:
-            log.write("sample", scope="tree", **s.as_record())
-            samples.add(s)
-            peak = peak_of(peak, s)
             anon = s.anon_or_total
             if killed is None and hard_rss and anon >= hard_rss:
                 killed = "hard-rss"
@@ -494,4 +490,4 @@ def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: Check
     else:
         cause, reason = "crash", f"exit code {code}"
     return ChildRun(pid=proc.pid, exit_code=code, cause=cause, reason=reason, started=started,
-                    ended=ended, peak=peak, resumed_at=resumed_at, ended_at=ended_at)
+                    ended=ended, peak=sampler.peak, resumed_at=resumed_at, ended_at=ended_at)

@@ -47,10 +47,11 @@ import keras
 import numpy as np
 
 from memfit import exitcodes
+from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV
 from memfit.errors import MemfitError
 from memfit.memory.log import MemoryLog
 from memfit.memory.probe import sample
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 from memfit.supervise import protocol, rng
 from memfit.supervise.checkpoint import (
     ARRAYS_NAME,
@@ -194,9 +195,9 @@ class Session:
         self.store = CheckpointStore(self.workdir.checkpoints)
         self.store.clean()
         self.checkpoint: Checkpoint | None = self.store.recover()
-        self.supervised = bool(os.environ.get(protocol.SUPERVISOR_ENV))
-        self.restart_every = _env_int(protocol.RESTART_EVERY_ENV) if self.supervised else None
-        self.max_rss = _env_int(protocol.MAX_RSS_ENV) if self.supervised else None
+        self.supervised = bool(os.environ.get(SUPERVISOR_ENV))
+        self.restart_every = _env_int(RESTART_EVERY_ENV) if self.supervised else None
+        self.max_rss = _env_int(MAX_RSS_ENV) if self.supervised else None
         saved_seed = self.checkpoint.state.get("seed") if self.checkpoint else None
         if seed is not None and saved_seed is not None and seed != saved_seed:
             raise CheckpointError(
@@ -215,9 +216,10 @@ class Session:
         # Under memfit share the GPU cap is handed down; it must be set before
         # TensorFlow touches the GPU, which seeding below may do.
         self.device = None
-        from memfit.share.device import MEMORY_GROWTH_ENV, MEMORY_LIMIT_ENV, configure_device
+        from memfit.device import configure_device
+        from memfit.env import GPU_MEMORY_GROWTH_ENV, GPU_MEMORY_LIMIT_ENV
 
-        if os.environ.get(MEMORY_LIMIT_ENV) or os.environ.get(MEMORY_GROWTH_ENV):
+        if os.environ.get(GPU_MEMORY_LIMIT_ENV) or os.environ.get(GPU_MEMORY_GROWTH_ENV):
             self.device = configure_device()
         if deterministic:
             import tensorflow as tf
@@ -701,6 +703,6 @@ def session(workdir: str | os.PathLike | None = None, *, seed: int | None = None
         return Session(workdir, seed=seed, checkpoint_every=checkpoint_every,
                        deterministic=deterministic, verbose=verbose)
     except CheckpointError as e:
-        if os.environ.get(protocol.SUPERVISOR_ENV):
+        if os.environ.get(SUPERVISOR_ENV):
             _refuse(e, None)
         raise

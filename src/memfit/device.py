@@ -36,14 +36,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from memfit.env import GPU_MEMORY_GROWTH_ENV, GPU_MEMORY_LIMIT_ENV
 from memfit.errors import MemfitError
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 __all__ = ["configure_device", "DeviceConfig", "DeviceConfigError", "device_settings",
-           "device_env", "MEMORY_LIMIT_ENV", "MEMORY_GROWTH_ENV"]
+           "device_env"]
 
-MEMORY_LIMIT_ENV = "MEMFIT_GPU_MEMORY_LIMIT"
-MEMORY_GROWTH_ENV = "MEMFIT_GPU_MEMORY_GROWTH"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 _MIB = 2**20
@@ -123,9 +122,9 @@ def device_settings(memory_limit: str | int | None = None, growth: bool | None =
         name_limit, name_growth = "memory_limit", "growth"
     else:
         source = "environment"
-        memory_limit = environ.get(MEMORY_LIMIT_ENV) or None
-        growth = environ.get(MEMORY_GROWTH_ENV)             # type: ignore[assignment]
-        name_limit, name_growth = MEMORY_LIMIT_ENV, MEMORY_GROWTH_ENV
+        memory_limit = environ.get(GPU_MEMORY_LIMIT_ENV) or None
+        growth = environ.get(GPU_MEMORY_GROWTH_ENV)             # type: ignore[assignment]
+        name_limit, name_growth = GPU_MEMORY_LIMIT_ENV, GPU_MEMORY_GROWTH_ENV
     if growth is not None and not isinstance(growth, bool | str):
         raise DeviceConfigError(f"{name_growth} must be True or False. "
                                 f"Received: {name_growth}={growth!r}")
@@ -159,9 +158,9 @@ def device_env(memory_limit: int | None = None, growth: bool | None = None) -> d
     """
     env = {}
     if memory_limit is not None:
-        env[MEMORY_LIMIT_ENV] = str(int(memory_limit))
+        env[GPU_MEMORY_LIMIT_ENV] = str(int(memory_limit))
     if growth is not None:
-        env[MEMORY_GROWTH_ENV] = "1" if growth else "0"
+        env[GPU_MEMORY_GROWTH_ENV] = "1" if growth else "0"
     return env
 
 
@@ -222,11 +221,11 @@ def configure_device(memory_limit: str | int | None = None,
     limit, grow, source = device_settings(memory_limit, growth)
     if source == "none":
         message = (f"configure_device: nothing to configure (no memory_limit or growth given, "
-                   f"and neither ${MEMORY_LIMIT_ENV} nor ${MEMORY_GROWTH_ENV} is set)")
+                   f"and neither ${GPU_MEMORY_LIMIT_ENV} nor ${GPU_MEMORY_GROWTH_ENV} is set)")
         log.info(message)
         return DeviceConfig(None, None, source, (), False, message)
     if source == "arguments":
-        handed = os.environ.get(MEMORY_LIMIT_ENV)
+        handed = os.environ.get(GPU_MEMORY_LIMIT_ENV)
         try:
             share_limit = parse_size(handed) if handed else None
         except ValueError:
@@ -234,7 +233,7 @@ def configure_device(memory_limit: str | int | None = None,
         if share_limit is not None and (limit is None or limit > share_limit):
             log.warning("configure_device: memfit share gave this job a cap of %s "
                         "($%s); the arguments ask for %s: the job may be stopped for going "
-                        "over its share", format_size(share_limit), MEMORY_LIMIT_ENV,
+                        "over its share", format_size(share_limit), GPU_MEMORY_LIMIT_ENV,
                         "no cap" if limit is None else format_size(limit))
     tf = _tensorflow()
     gpus = list(tf.config.list_physical_devices("GPU"))     # does not initialise the GPU

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [

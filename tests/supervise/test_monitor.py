@@ -87,7 +87,7 @@ def test_on_leak_stop_stops_training(tmp_path):
     assert any(r["event"] == "stop" for r in read_log(tmp_path / "memory.jsonl"))
 
 
-def test_on_leak_restart_checkpoints_and_exits_with_the_restart_code(tmp_path):
+def test_on_leak_restart_without_a_session_exits_with_the_restart_code(tmp_path):
     script = textwrap.dedent(f"""
         import numpy as np, keras, memfit
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -103,7 +103,8 @@ def test_on_leak_restart_checkpoints_and_exits_with_the_restart_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == exitcodes.RESTART, out.stderr[-2000:]
-    assert (tmp_path / "checkpoints" / "leak-restart.keras").stat().st_size > 0
+    assert "no memfit.session" in out.stderr
+    assert not (tmp_path / "checkpoints").exists()      # nothing written that nothing reads
     last = list(read_log(tmp_path / "memory.jsonl"))[-1]
     assert last["event"] == "exit" and last["code"] == exitcodes.RESTART
 

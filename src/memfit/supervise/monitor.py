@@ -10,12 +10,11 @@ from typing import Any
 import keras
 
 from memfit import exitcodes
-from memfit.atomic import temporary_name
 from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, classify_release
-from memfit.memory.log import MemoryLog
+from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 from memfit.workdir import Workdir, default_workdir
 
 __all__ = ["MemoryMonitor"]
@@ -58,9 +57,8 @@ class MemoryMonitor(keras.callbacks.Callback):
             training cleanly (``model.stop_training``); ``"restart"``, in a script
             under ``memfit run`` with a :func:`memfit.session`, has the session checkpoint
             everything and exit with ``memfit.exitcodes.RESTART`` (75) to be resumed
-            exactly; without a session it saves the model to
-            ``WORKDIR/checkpoints/leak-restart.keras`` and exits with 75 for a supervisor
-            to start it again.
+            exactly; without a session it exits with 75 all the same, and says that
+            the restart will start training over (only a session resumes).
         tensorboard_dir: also write ``memory/rss_anon``, ``memory/rss_file`` (and
             ``memory/gpu_peak`` on a GPU) scalars there.
         python_heap: also log the Python heap from ``tracemalloc`` (started if needed;
@@ -146,7 +144,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log = MemoryLog(self.workdir.log, source="monitor", argv=sys.argv,
                                  budget=self.budget, warmup_epochs=self.warmup_epochs)
         for r in self._release.releases[self._releases_logged:]:
-            self.log.write("collect", **r.to_record())
+            self.log.write(Event.COLLECT, **r.to_record())
         if len(self._release.releases) > self._releases_logged:
             self._releases_logged = len(self._release.releases)
             self._update(self._judge(), epoch=None)
@@ -171,7 +169,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.on_train_begin()
         if self.trim == "epoch":
             released = malloc_trim()
-            self.log.write("trim", released=released, epoch=epoch)
+            self.log.write(Event.TRIM, released=released, epoch=epoch)
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
         if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES and not \
@@ -204,7 +202,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.verdict = verdict
         if verdict.kind != previous and verdict.kind != "unknown":
             assert self.log is not None
-            self.log.write("verdict", epoch=epoch, **verdict.to_record())
+            self.log.write(Event.VERDICT, epoch=epoch, **verdict.to_record())
             if self.verbose:
                 print(f"\nmemfit: {verdict.headline}", file=sys.stderr)
                 if verdict.kind == "allocator-retention":
@@ -218,7 +216,7 @@ class MemoryMonitor(keras.callbacks.Callback):
                               f"{self.verdict.fix}", stacklevel=2)
             return
         if self.on_leak == "stop":
-            self.log.write("stop", epoch=epoch, reason="leak")
+            self.log.write(Event.STOP, epoch=epoch, reason="leak")
             if self.model is not None:
                 self.model.stop_training = True
             return
@@ -228,20 +226,14 @@ class MemoryMonitor(keras.callbacks.Callback):
         if session is not None and session.supervised:
             # The session checkpoints everything (optimizer, data position, RNG) after
             # this epoch and exits with RESTART for the supervisor.
-            self.log.write("request", epoch=epoch, reason="leak")
+            self.log.write(Event.REQUEST, epoch=epoch, reason="leak")
             session.request_restart("leak")
             return
-        path = self.workdir.checkpoints / "leak-restart.keras"
-        if self.model is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = temporary_name(path).with_suffix(".keras")
-            self.model.save(tmp)
-            os.replace(tmp, path)
-        self.log.write("exit", code=exitcodes.RESTART, epoch=epoch, reason="leak",
-                       checkpoint=str(path))
+        self.log.write(Event.EXIT, code=exitcodes.RESTART, epoch=epoch, reason="leak")
         self.log.close()
-        print(f"memfit: leak found ({format_size(self.verdict.slope)}/epoch); saved "
-              f"{path} and exiting with code {exitcodes.RESTART} for a restart",
+        print(f"memfit: leak found ({format_size(self.verdict.slope)}/epoch); exiting with "
+              f"code {exitcodes.RESTART} for a restart. This script has no memfit.session, "
+              f"so a restart starts training over: add one to resume where it stopped",
               file=sys.stderr)
         sys.exit(exitcodes.RESTART)
 

@@ -1,0 +1,198 @@
+"""The layer order of ``src/memfit`` (see docs/architecture.md), enforced.
+
+Every import inside memfit points down the layers or stays inside its own package; no
+two modules import each other, even through others and inside functions; no module
+imports another module's ``_private`` name; no module is over 600 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+MAX_LINES = 600
+
+# Lowest first. A module may import modules of its own package and of any lower layer.
+# The packages named on one layer do not import each other; the base modules (layer 0)
+# may, without cycles.
+LAYERS: list[tuple[str, ...]] = [
+    ("memfit._version", "memfit.errors", "memfit.exitcodes", "memfit.env", "memfit.checks",
+     "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device"),
+    ("memfit.memory",),
+    ("memfit.data", "memfit.estimate"),
+    ("memfit.report",),
+    ("memfit.supervise", "memfit.share"),
+    ("memfit.doctor",),
+    ("memfit.cli", "memfit.__main__", "memfit"),
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in (SRC / "memfit").rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """(layer, unit): the unit is the package (or base module) the layer lists."""
+    best = None
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and \
+                    (best is None or len(name) > len(best[1])):
+                best = (rank, name)
+    if best is None:
+        raise AssertionError(f"{module} is on no layer: add it to LAYERS and the docs")
+    return (0, "base") if best[0] == 0 else best   # base modules may import each other
+
+
+def _imports(module: str) -> list[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every memfit import."""
+    path = MODULES[module]
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None, node.lineno) for a in node.names
+                      if a.name.split(".")[0] == "memfit"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "memfit":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in MODULES or (SRC / sub.replace(".", "/")).with_suffix(".c").exists():
+                    found.append((sub, None, node.lineno))
+                else:
+                    found.append((target, alias.name, node.lineno))
+    return found
+
+
+def _private_attributes(module: str) -> list[str]:
+    """``other._name`` where ``other`` is a memfit module imported by this one."""
+    bound = {}
+    tree = ast.parse(MODULES[module].read_text())
+    for target, name, _ in _imports(module):
+        if name is None and target in MODULES:
+            bound[target.rsplit(".", 1)[-1]] = target
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in MODULES:
+                    bound[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if a.asname and f"{node.module}.{a.name}" in MODULES:
+                    bound[a.asname] = f"{node.module}.{a.name}"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in bound and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and bound[node.value.id] != module:
+            found.append(f"{module}:{node.lineno} uses {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: {t for t, _, _ in _imports(m) if t in MODULES} for m in MODULES}
+
+
+def test_every_module_is_on_a_layer():
+    for module in MODULES:
+        _unit(module)
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for module in MODULES:
+        rank, unit = _unit(module)
+        for target, _, line in _imports(module):
+            if target not in MODULES:
+                continue
+            to_rank, to_unit = _unit(target)
+            if module in ("memfit", "memfit.__main__") or to_unit == unit or to_rank < rank:
+                continue
+            # a package's __init__ may re-export its own modules
+            wrong.append(f"{module}:{line} imports {target} "
+                         f"({'a layer up' if to_rank > rank else 'a sibling package'})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_names_cross_modules():
+    wrong = []
+    for module in MODULES:
+        for target, name, line in _imports(module):
+            private_module = any(p.startswith("_") and p not in ("__main__", "_version")
+                                 for p in target.split(".")[1:])
+            private_name = name is not None and name.startswith("_") and name != "__version__"
+            if (private_name or private_module) and target != module:
+                wrong.append(f"{module}:{line} imports {target}"
+                             + (f".{name}" if name else ""))
+        wrong += _private_attributes(module)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:                  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_is_over_600_lines(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: cut it by concept"
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    """The checks above can fail: a planted upward import is found."""
+    assert _unit("memfit.memory.probe")[0] < _unit("memfit.supervise.run")[0]
+    assert _unit("memfit.data.stream")[0] == _unit("memfit.estimate.graph")[0]
+    assert ("memfit.memory.probe", None) in [(t, n) for t, n, _ in
+                                            _imports("memfit.memory.sampler")] or \
+        ("memfit.memory.probe", "sample") in [(t, n) for t, n, _ in
+                                              _imports("memfit.memory.sampler")]
