@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from memfit.estimate.measure import measure_training
-from memfit.memory.sizes import format_size
+from memfit.sizes import format_size
 
 PANEL = str(Path(__file__).resolve().with_name("estimate_accuracy.py"))
 # The worst residuals of the panel and some good ones: (factory, batch, dtype policy).

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from memfit.atomic import TMP_MARK, file_sha256
-from memfit.memory.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_size
 
 MANIFEST = "manifest.json"
 
