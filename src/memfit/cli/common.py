@@ -1,10 +1,31 @@
-"""Argument pieces shared by subcommands that run another command (watch, run...)."""
+"""Argument pieces shared by the subcommands: the command after ``--``, and one argparse
+type per kind of value.
+
+Every subcommand reads a count (``--steps 50``), a number of seconds (``--interval 0.5``)
+or a size (``--max-rss 6GiB``) with the same type, so the same mistake gets the same
+message everywhere; argparse prefixes it with the option's name and exits with code 2::
+
+    memfit doctor: error: argument --steps: must be an integer >= 1, such as 3. Received: '0'
+
+Example:
+    >>> count("50"), seconds("0.5"), size("1KiB")
+    (50, 0.5, 1024)
+    >>> count("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be an integer >= 1, such as 3. Received: '0'
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["add_command_argument"]
+from memfit.sizes import parse_size
+
+__all__ = ["add_command_argument", "count", "seconds", "size"]
 
 
 class _Command(argparse.Action):
@@ -26,3 +47,44 @@ def add_command_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, action=_Command, metavar="-- CMD ...",
                    help="the command to run, after '--'")
 
+
+def _parsed(value: str, parse: Callable[[str], Any], ok: Callable[[Any], bool],
+            wanted: str) -> Any:
+    """``parse(value)`` when it parses and is ``ok``, else argparse's usage error."""
+    try:
+        parsed = parse(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or not ok(parsed):
+        raise argparse.ArgumentTypeError(f"must be {wanted}. Received: {value!r}")
+    return parsed
+
+
+def count(value: str) -> int:
+    """An argparse type: an integer >= 1 (``--steps``, ``--epochs``, ``--workers``...).
+
+    Args:
+        value: the option's text.
+    """
+    return _parsed(value, int, lambda n: n >= 1, "an integer >= 1, such as 3")
+
+
+def seconds(value: str) -> float:
+    """An argparse type: a positive, finite number of seconds (``--interval``...).
+
+    Args:
+        value: the option's text.
+    """
+    return _parsed(value, float, lambda s: math.isfinite(s) and s > 0,
+                   "a positive number of seconds, such as 0.5")
+
+
+def size(value: str) -> int:
+    """An argparse type: a size in bytes, such as ``512MiB``, ``2GB`` or ``4096``
+    (:func:`memfit.sizes.parse_size`).
+
+    Args:
+        value: the option's text.
+    """
+    return _parsed(value, parse_size, lambda n: True,
+                   "a size such as 512MiB, 2GB or a number of bytes")

@@ -29,45 +29,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from memfit.cli.common import add_command_argument
+from memfit.cli.common import add_command_argument, count, seconds
 
 NAME = "doctor"
 HELP = "run a training command for a few steps and say what to change about its memory"
-
-
-def _positive_int(flag: str, unit: str, example: int) -> Callable[[str], int]:
-    """An argparse type: a positive integer, or one line quoting what was given."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise argparse.ArgumentTypeError(f"must be a positive integer number of {unit}, "
-                                             f"such as {example}. Received: {flag} {value!r}")
-        return number
-
-    return parse
-
-
-_steps = _positive_int("--steps", "training steps", 100)
-_epochs = _positive_int("--epochs", "epochs", 3)
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, such as 60. "
-                                         f"Received: --seconds {value!r}")
-    return seconds
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,13 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--epochs", type=_epochs, metavar="N",
+    p.add_argument("--epochs", type=count, metavar="N",
                    help=f"epochs to run, over all fit() calls (default: {DEFAULT_EPOCHS}, or "
                         f"{DEFAULT_SECONDS:.0f} s, whichever comes first)")
     bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--steps", type=_steps, metavar="N",
+    bound.add_argument("--steps", type=count, metavar="N",
                        help="or training steps to run, over all fit() calls")
-    bound.add_argument("--seconds", type=_seconds, metavar="S",
+    bound.add_argument("--seconds", type=seconds, metavar="S",
                        help="or seconds to run, from the start of the command (with "
                             "--epochs: whichever comes first)")
     p.add_argument("--json", action="store_true",
@@ -93,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to stderr)")
     p.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
                    help=f"where memory.jsonl and doctor.json go (default: {DEFAULT_WORKDIR})")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+    p.add_argument("--interval", type=seconds, default=DEFAULT_INTERVAL, metavar="SECONDS",
                    help=f"seconds between samples of the process tree (default: "
                         f"{DEFAULT_INTERVAL})")
     add_command_argument(p)

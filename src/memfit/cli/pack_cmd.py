@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from memfit.cli.common import count
 from memfit.data.pack import pack
 from memfit.errors import DatasetError
 
@@ -35,16 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variable", action="append", default=[], metavar="NAME",
                    help="a feature whose first dimension varies (repeatable)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--shards", type=int, help="number of shards per split")
+    group.add_argument("--shards", type=count, help="number of shards per split")
     group.add_argument("--shard-size", help="target shard size, e.g. 256MiB")
-    p.add_argument("--samples-per-record", type=int,
+    p.add_argument("--samples-per-record", type=count,
                    help="samples per record (default: about 256 KiB a record)")
     p.add_argument("--compression", choices=["GZIP", "ZLIB", "none"], default="none",
                    help="shard compression (tfrecord format only)")
     p.add_argument("--split", help="e.g. train=0.9,val=0.1 (seeded permutation)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and split (0)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the source order")
-    p.add_argument("--workers", type=int, default=1, help="parallel writer processes (1)")
+    p.add_argument("--workers", type=count, default=1, help="parallel writer processes (1)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset in --output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

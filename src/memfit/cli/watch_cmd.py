@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memfit.cli.common import add_command_argument
+from memfit.cli.common import add_command_argument, seconds
 from memfit.memory.watch import watch
 
 NAME = "watch"
@@ -27,7 +27,7 @@ HELP = "run a command and watch its memory (process tree) from outside"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+    p.add_argument("--interval", type=seconds, default=0.5, metavar="SECONDS",
                    help="seconds between samples (default: 0.5)")
     p.add_argument("--workdir", default="memfit-watch", metavar="DIR",
                    help="where the log memory.jsonl goes (default: memfit-watch)")
