@@ -16,12 +16,32 @@ Public API (re-exports only):
     memfit.configure_device() in a job: the GPU memory cap (or growth) memfit share hands down
     memfit.doctor(...)        run a training for a few steps: ranked findings, with fixes
     memfit.parse_size / format_size
+
+``memfit.estimate``, ``memfit.share`` and ``memfit.doctor`` are these functions; their
+packages are imported by name (``from memfit.estimate import Estimator``).
+
+Layers (docs/architecture.md; ``tests/test_architecture.py`` enforces them): every import
+points down this list or stays inside its own package, with no cycles and no
+``_private`` name used from another module.
+
+    base       errors, exitcodes, env (every MEMFIT_* name), checks, sizes, atomic,
+               workdir, quiet, device
+    memory     the probe, the process sampler and launcher, the log, the allocator,
+               the leak classifier, watch
+    data       packing and streaming          estimate   the memory model, measuring
+    report     plots and the HTML report of any memfit log
+    supervise  memfit run, memfit.session, MemoryMonitor       share   memfit share
+    doctor     memfit doctor
+    cli        one module per subcommand
 """
 
 from typing import Any
 
 from memfit._version import __version__
 from memfit.data import Manifest, PackResult, inspect, pack, verify
+from memfit.device import configure_device
+from memfit.doctor.run import doctor
+from memfit.estimate.estimator import Estimate, estimate
 from memfit.memory import (
     Measurement,
     Sample,
@@ -33,6 +53,7 @@ from memfit.memory import (
     parse_size,
     sample,
 )
+from memfit.share.runner import share
 from memfit.supervise import RunResult, run
 
 __all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", "MemoryMonitor",
@@ -51,18 +72,6 @@ def __getattr__(name: str) -> Any:
         from memfit.supervise.session import session
 
         return session
-    if name in ("estimate", "Estimate"):    # the package is callable: memfit.estimate(model, 32)
-        import memfit.estimate
-
-        return memfit.estimate if name == "estimate" else memfit.estimate.Estimate
-    if name in ("share", "configure_device"):   # the package is callable: memfit.share(jobs)
-        import memfit.share
-
-        return memfit.share if name == "share" else memfit.share.configure_device
-    if name == "doctor":        # the package is callable: memfit.doctor(["python", "t.py"])
-        import memfit.doctor
-
-        return memfit.doctor
     if name == "MemoryMonitor":
         from memfit.supervise.monitor import MemoryMonitor
 

@@ -1,7 +1,8 @@
 """``memfit doctor``: run a training command for a few steps and say what to change.
 
     memfit.doctor(["python", "train.py"], steps=50)   the run, its ranked findings
-    memfit.doctor.diagnose(facts)                    the rules alone, on measurements
+    diagnose(facts)                                  the rules alone, on measurements
+                                                     (from memfit.doctor import diagnose)
 
 One concept per module: :mod:`~memfit.doctor.site` (the ``sitecustomize`` shim that puts
 the probe into the command), :mod:`~memfit.doctor.hook` (waits for Keras),
@@ -18,8 +19,6 @@ Example:
     >>> print(result)                                               # doctest: +SKIP
 """
 
-import sys
-import types
 from typing import Any
 
 __all__ = ["doctor", "DoctorResult", "Finding", "Facts", "diagnose"]
@@ -40,15 +39,3 @@ def __getattr__(name: str) -> Any:
         return getattr(findings, name)
     raise AttributeError(f"module 'memfit.doctor' has no attribute {name!r}")
 
-
-class _CallablePackage(types.ModuleType):
-    """``memfit.doctor`` is both this package and the function: calling the package calls
-    :func:`memfit.doctor.run.doctor`."""
-
-    def __call__(self, command: Any, **kwargs: Any) -> Any:
-        from memfit.doctor.run import doctor
-
-        return doctor(command, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

@@ -6,11 +6,11 @@
     find_batch_size(model, budget)      OOM-safe search with real steps in child processes
     calibrate("cpu")                    the framework baseline of this machine, cached
 
-TensorFlow is imported when a model is built, not by importing this package.
+``memfit.estimate`` is the function; import the rest from here
+(``from memfit.estimate import Estimator, find_batch_size``). TensorFlow is imported when
+a model is built, not by importing this package.
 """
 
-import sys
-import types
 from typing import Any
 
 from memfit.estimate.baseline import Calibration, calibrate, framework_baseline, load_calibration
@@ -35,15 +35,3 @@ def __getattr__(name: str) -> Any:
         return getattr(search, name)
     raise AttributeError(f"module 'memfit.estimate' has no attribute {name!r}")
 
-
-class _CallablePackage(types.ModuleType):
-    """``memfit.estimate`` is both this package and the function: calling the package
-    calls :func:`memfit.estimate.estimator.estimate`."""
-
-    def __call__(self, model: Any, batch_size: int, **kwargs: Any) -> Any:
-        from memfit.estimate.estimator import estimate
-
-        return estimate(model, batch_size, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

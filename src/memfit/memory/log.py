@@ -23,7 +23,7 @@ Example:
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "memory.jsonl"
     >>> with MemoryLog(path, source="doc") as log:
-    ...     log.write("sample", rss=1, rss_anon=1, rss_file=0)
+    ...     _ = log.write("sample", rss=1, rss_anon=1, rss_file=0)
     >>> [r["event"] for r in read_log(path)]
     ['start', 'sample']
 """

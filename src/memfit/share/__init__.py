@@ -16,10 +16,6 @@ Example:
     >>> print(result)                                                 # doctest: +SKIP
 """
 
-import sys
-import types
-from typing import Any
-
 from memfit.device import DeviceConfig, DeviceConfigError, configure_device
 from memfit.share.jobs import Job, JobsFileError, JobsSpec, load_jobs, parse_jobs
 from memfit.share.planner import Plan, PlannedJob, pick, plan
@@ -29,13 +25,3 @@ __all__ = ["DeviceConfig", "DeviceConfigError", "Job", "JobResult", "JobsFileErr
            "JobsSpec", "Plan", "PlannedJob", "ShareResult", "configure_device", "load_jobs",
            "parse_jobs", "pick", "plan", "share"]
 
-
-class _CallablePackage(types.ModuleType):
-    """``memfit.share`` is both this package and the function: calling the package calls
-    :func:`memfit.share.runner.share`."""
-
-    def __call__(self, jobs: Any, **kwargs: Any) -> ShareResult:
-        return share(jobs, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
