@@ -4,12 +4,14 @@ Loaded at interpreter start by the ``sitecustomize.py`` that :mod:`memfit.doctor
 writes (by file path, so that nothing but the standard library is imported before the
 script runs). It waits for ``keras`` to be imported; only then does it import memfit's
 probe (:mod:`memfit.doctor.probe`), which patches ``keras.Model.fit``. A script that
-never imports Keras is left alone. With ``$MEMFIT_DOCTOR_SECONDS`` it also starts the
-wall-clock deadline, counted from the interpreter's start.
+never imports Keras is left alone. Given a time limit (the shim passes the value of
+:data:`memfit.env.DOCTOR_SECONDS_ENV`) it also starts the wall-clock deadline, counted
+from the interpreter's start. It reads no environment variable itself: the shim, whose
+text is written with the names of :mod:`memfit.env`, decides whether to load it at all.
 
 Example:
     >>> import sys
-    >>> finder = install()              # doctest: +SKIP
+    >>> finder = install("120.0")       # doctest: +SKIP
     >>> finder in sys.meta_path         # doctest: +SKIP
     True
 """
@@ -106,19 +108,21 @@ def _deadline(seconds: float) -> None:
     timer.start()
 
 
-def install() -> KerasFinder | None:
-    """Installs the hook (and the deadline) when ``$MEMFIT_DOCTOR`` is set."""
-    if not os.environ.get("MEMFIT_DOCTOR"):
-        return None
+def install(seconds: str | None = None) -> KerasFinder:
+    """Installs the hook, and the deadline when ``seconds`` is given.
+
+    Args:
+        seconds: the time limit as the shim read it from the environment (a string of a
+            number of seconds), or ``None``/``""`` for none.
+    """
     finder = KerasFinder()
     if "keras" in sys.modules:                      # imported already (unusual): attach now
         _keras_loaded(sys.modules["keras"])
     else:
         sys.meta_path.insert(0, finder)
-    seconds = os.environ.get("MEMFIT_DOCTOR_SECONDS")
     if seconds:
         try:
             _deadline(float(seconds))
         except ValueError:
-            _warn(f"ignoring $MEMFIT_DOCTOR_SECONDS={seconds!r}: not a number of seconds")
+            _warn(f"ignoring the time limit {seconds!r}: not a number of seconds")
     return finder

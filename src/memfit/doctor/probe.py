@@ -53,9 +53,16 @@ from typing import Any
 from memfit.atomic import write_text_atomic
 from memfit.doctor.arrays import fit_arrays, memfit_buffers, resident_arrays
 from memfit.doctor.pipeline import inspect_dataset, is_dataset
-from memfit.env import WORKDIR_ENV
+from memfit.env import (
+    DOCTOR_DIR_ENV,
+    DOCTOR_EPOCHS_ENV,
+    DOCTOR_RUN_ENV,
+    DOCTOR_SECONDS_ENV,
+    DOCTOR_STEPS_ENV,
+    WORKDIR_ENV,
+)
 from memfit.memory.allocator import ReleaseProbe
-from memfit.memory.log import MemoryLog
+from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 
 __all__ = ["attach", "finish", "deadline_passed", "results_path", "SLICES", "FORMAT"]
@@ -120,14 +127,14 @@ def _int_env(name: str) -> int | None:
 def _state(started: float | None = None) -> _State:
     global _STATE
     if _STATE is None or _STATE.pid != os.getpid():     # a forked child starts afresh
-        seconds = os.environ.get("MEMFIT_DOCTOR_SECONDS")
-        results = os.environ.get("MEMFIT_DOCTOR_DIR")
+        seconds = os.environ.get(DOCTOR_SECONDS_ENV)
+        results = os.environ.get(DOCTOR_DIR_ENV)
         _STATE = _State(pid=os.getpid(), started=started or time.time(),
-                        steps_limit=_int_env("MEMFIT_DOCTOR_STEPS"),
+                        steps_limit=_int_env(DOCTOR_STEPS_ENV),
                         seconds_limit=float(seconds) if seconds else None,
-                        epochs_limit=_int_env("MEMFIT_DOCTOR_EPOCHS"),
+                        epochs_limit=_int_env(DOCTOR_EPOCHS_ENV),
                         results_dir=Path(results) if results else None,
-                        run_id=os.environ.get("MEMFIT_DOCTOR_RUN", "run"))
+                        run_id=os.environ.get(DOCTOR_RUN_ENV, "run"))
     return _STATE
 
 
@@ -234,7 +241,7 @@ def _callback_class(keras: Any) -> type:
             st = _state()
             log = _log(st)
             if log is not None:
-                log.write("train_begin", fit=st.fits, **sample().as_record())
+                log.write(Event.TRAIN_BEGIN, fit=st.fits, **sample().as_record())
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             st = _state()
@@ -246,7 +253,7 @@ def _callback_class(keras: Any) -> type:
                 st.rss_first_step = _anon(s)
             log = _log(st)
             if log is not None:
-                log.write("batch", step=st.steps, batch=batch, **s.as_record())
+                log.write(Event.BATCH, step=st.steps, batch=batch, **s.as_record())
             if st.steps_limit is not None and st.steps >= st.steps_limit:
                 st.stop_reason = "steps"
                 raise _Stop()
@@ -261,7 +268,7 @@ def _callback_class(keras: Any) -> type:
             st.epochs += 1
             log = _log(st)
             if log is not None:
-                log.write("epoch_end", epoch=epoch, **s.as_record())
+                log.write(Event.EPOCH_END, epoch=epoch, **s.as_record())
             if st.epochs_limit is not None and st.epochs >= st.epochs_limit:
                 st.stop_reason = "epochs"
                 last = epoch + 1 >= int((self.params or {}).get("epochs") or epoch + 1)
@@ -542,7 +549,7 @@ def finish() -> dict | None:
                              f"{str(st.results_dir)!r} ({e.strerror})\n")
     log = _log(st) if st.steps else st.log
     if log is not None:
-        log.write("doctor", steps=st.steps, stopped=st.stop_reason, **final.as_record())
+        log.write(Event.DOCTOR, steps=st.steps, stopped=st.stop_reason, **final.as_record())
         log.close()
         st.log = None
     return results

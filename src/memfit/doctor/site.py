@@ -13,6 +13,11 @@ variables that put that directory first on ``$PYTHONPATH`` and tell the probe wh
     MEMFIT_DOCTOR_SECONDS  ... this many seconds after the process started (or sooner:
                            ``MEMFIT_DOCTOR_EPOCHS`` epoch ends over all fit() calls)
 
+The names come from :mod:`memfit.env`. The shim runs at the start of every Python process
+of the command, before its script, so it imports nothing but the standard library
+(``import memfit`` would load NumPy into every process): its text is written with the
+names filled in, and it hands the hook the time limit it read.
+
 The shim then imports the ``sitecustomize`` that would have been imported without it
 (a virtual environment's, a distribution's), so nothing the user had is lost. Python
 started with ``-S``, ``-I`` or ``-E`` ignores ``$PYTHONPATH``: the probe is then absent
@@ -23,7 +28,7 @@ Example:
     >>> site_dir = prepare(tempfile.mkdtemp())
     >>> (site_dir / "sitecustomize.py").exists()
     True
-    >>> environment(site_dir, tempfile.mkdtemp(), "r1", steps=10)["MEMFIT_DOCTOR_STEPS"]
+    >>> environment(site_dir, tempfile.mkdtemp(), "r1", steps=10)[DOCTOR_STEPS_ENV]
     '10'
 """
 
@@ -33,12 +38,22 @@ import os
 from pathlib import Path
 
 from memfit.atomic import write_text_atomic
+from memfit.env import (
+    DOCTOR_DIR_ENV,
+    DOCTOR_ENV,
+    DOCTOR_EPOCHS_ENV,
+    DOCTOR_HOOK_ENV,
+    DOCTOR_RUN_ENV,
+    DOCTOR_SECONDS_ENV,
+    DOCTOR_STEPS_ENV,
+)
 
 __all__ = ["prepare", "environment", "SHIM"]
 
-SHIM = '''\
+# The shim's text, with the variables' names filled in below (see the module docstring).
+_SHIM_TEMPLATE = '''\
 """Written by `memfit doctor`: loads memfit's probe into this Python process when
-$MEMFIT_DOCTOR is set, then runs the sitecustomize that was there before (if any)."""
+${doctor} is set, then runs the sitecustomize that was there before (if any)."""
 import os as _os
 import sys as _sys
 
@@ -48,14 +63,14 @@ def _memfit_doctor_site():
     import importlib.util
 
     here = _os.path.dirname(_os.path.abspath(__file__))
-    hook = _os.environ.get("MEMFIT_DOCTOR_HOOK")
-    if _os.environ.get("MEMFIT_DOCTOR") and hook:
+    hook = _os.environ.get({hook!r})
+    if _os.environ.get({doctor!r}) and hook:
         try:
             spec = importlib.util.spec_from_file_location("_memfit_doctor_hook", hook)
             module = importlib.util.module_from_spec(spec)
             _sys.modules[spec.name] = module
             spec.loader.exec_module(module)
-            module.install()
+            module.install(_os.environ.get({seconds!r}))
         except Exception as e:
             _sys.stderr.write("memfit doctor: the probe did not load (%s: %s)\\n"
                               % (type(e).__name__, e))
@@ -70,6 +85,7 @@ def _memfit_doctor_site():
 _memfit_doctor_site()
 del _memfit_doctor_site
 '''
+SHIM = _SHIM_TEMPLATE.format(doctor=DOCTOR_ENV, hook=DOCTOR_HOOK_ENV, seconds=DOCTOR_SECONDS_ENV)
 
 
 def prepare(workdir: str | os.PathLike) -> Path:
@@ -101,12 +117,12 @@ def environment(site_dir: str | os.PathLike, results_dir: str | os.PathLike, run
 
     previous = os.environ.get("PYTHONPATH")
     env = {"PYTHONPATH": os.fspath(site_dir) + (os.pathsep + previous if previous else ""),
-           "MEMFIT_DOCTOR": "1", "MEMFIT_DOCTOR_HOOK": os.path.abspath(hook.__file__),
-           "MEMFIT_DOCTOR_DIR": os.fspath(results_dir), "MEMFIT_DOCTOR_RUN": run_id}
+           DOCTOR_ENV: "1", DOCTOR_HOOK_ENV: os.path.abspath(hook.__file__),
+           DOCTOR_DIR_ENV: os.fspath(results_dir), DOCTOR_RUN_ENV: run_id}
     if steps is not None:
-        env["MEMFIT_DOCTOR_STEPS"] = str(steps)
+        env[DOCTOR_STEPS_ENV] = str(steps)
     if seconds is not None:
-        env["MEMFIT_DOCTOR_SECONDS"] = repr(float(seconds))
+        env[DOCTOR_SECONDS_ENV] = repr(float(seconds))
     if epochs is not None:
-        env["MEMFIT_DOCTOR_EPOCHS"] = str(epochs)
+        env[DOCTOR_EPOCHS_ENV] = str(epochs)
     return env
