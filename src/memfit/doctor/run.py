@@ -30,7 +30,7 @@ from memfit.doctor import site
 from memfit.doctor.findings import Facts, diagnose
 from memfit.doctor.probe import FORMAT as PROBE_FORMAT
 from memfit.doctor.report import DoctorResult
-from memfit.memory.log import MemoryLog
+from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import system_memory
 from memfit.memory.process import check_command
 from memfit.memory.watch import watch
@@ -180,8 +180,8 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
         if probe and verdict is probe.get("verdict"):
             # The in-process verdict (per step, with a trim probe) is the better one: log
             # it after watch's, so that `memfit report` shows it.
-            log.write("verdict", pid=probe.get("pid"), source="doctor",
+            log.write(Event.VERDICT, pid=probe.get("pid"), source="doctor",
                       **{k: v for k, v in verdict.items() if k != "values"})
-        log.write("findings", kinds=result.kinds,
+        log.write(Event.FINDINGS, kinds=result.kinds,
                   bytes=[f.bytes for f in findings], steps=result.steps)
     return result

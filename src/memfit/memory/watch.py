@@ -222,7 +222,7 @@ def _epoch_values(log_path: Path, since: float) -> list[float]:
     """Anonymous (else total) RSS of the ``epoch_end`` events written since ``since``."""
     values = []
     for record in read_log(log_path):
-        if record["event"] == "epoch_end" and record["t"] >= since:
+        if record["event"] == Event.EPOCH_END and record["t"] >= since:
             value = record.get("rss_anon", record.get("rss"))
             if isinstance(value, int | float):
                 values.append(float(value))

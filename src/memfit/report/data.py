@@ -6,10 +6,10 @@ beyond grouping and ordering; the report and the plot read the same :class:`RunD
 
 Example:
     >>> import tempfile, pathlib
-    >>> from memfit.memory.log import MemoryLog
+    >>> from memfit.memory.log import Event, MemoryLog
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "memory.jsonl"
     >>> with MemoryLog(path, source="doc") as log:
-    ...     _ = log.write("sample", pid=7, t=1.0, rss=3, rss_anon=2, rss_file=1)
+    ...     _ = log.write(Event.SAMPLE, pid=7, t=1.0, rss=3, rss_anon=2, rss_file=1)
     >>> data = load(path)
     >>> len(data.processes), data.processes[7].samples[0]["rss_anon"]   # writer + pid 7
     (2, 2)
@@ -25,13 +25,13 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
-from memfit.memory.log import LogError, read_log
+from memfit.memory.log import Event, LogError, read_log
 from memfit.workdir import LOG_NAME, Workdir
 
 __all__ = ["RunData", "ProcessData", "load", "anon", "number", "MEMORY_FIELDS", "MARK_EVENTS"]
 
 MEMORY_FIELDS = ("rss", "rss_anon", "rss_file", "rss_shmem", "py_heap", "gpu", "nvml")
-MARK_EVENTS = ("restart", "exit", "stop")
+MARK_EVENTS = (Event.RESTART, Event.EXIT, Event.STOP)
 
 
 def number(value: object) -> float | None:
@@ -83,7 +83,7 @@ class ProcessData:
 
     @property
     def epoch_ends(self) -> tuple[dict, ...]:
-        return tuple(r for r in self.records if r["event"] == "epoch_end")
+        return tuple(r for r in self.records if r["event"] == Event.EPOCH_END)
 
     @property
     def measured(self) -> bool:
@@ -231,10 +231,10 @@ def load(source: str | os.PathLike) -> RunData:
         rows.sort(key=lambda r: r["t"])
     # Writers that sample other processes only (watch): their start event names the command.
     sampled = {r["pid"] for r in records if anon(r) is not None}
-    proxies = [r for r in records if r["event"] == "start" and r["pid"] not in sampled]
+    proxies = [r for r in records if r["event"] == Event.START and r["pid"] not in sampled]
     processes = {}
     for pid, rows in by_pid.items():
-        start = next((r for r in rows if r["event"] == "start"), None)
+        start = next((r for r in rows if r["event"] == Event.START), None)
         inherited = None
         if start is None:               # the latest such start before this process appeared
             inherited = next((r for r in reversed(proxies) if r["t"] <= rows[0]["t"]), None)

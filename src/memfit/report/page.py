@@ -17,6 +17,7 @@ import datetime
 from html import escape
 
 from memfit._version import __version__
+from memfit.memory.log import Event
 from memfit.report.data import MARK_EVENTS, MEMORY_FIELDS, RunData, number
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
 from memfit.report.timeline import event_label, format_duration
@@ -148,7 +149,7 @@ def render(data: RunData, png: bytes, *, summaries: tuple[ProcessSummary, ...] |
         f'<img alt="memory timeline" src="data:image/png;base64,{image}">',
         '<p class="note">Anonymous RSS (solid) is what running out of memory is about; '
         "file-backed RSS (dashed) is page cache the kernel can drop."
-        + (" Dotted grey lines are epoch ends." if data.events("epoch_end") else "") + "</p>",
+        + (" Dotted grey lines are epoch ends." if data.events(Event.EPOCH_END) else "") + "</p>",
         "<h2>Processes</h2>",
         "<table><thead><tr><th>pid</th><th>command / source</th><th>duration</th>"
         "<th>samples</th><th>peak anon RSS</th><th>final anon RSS</th>"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, classify
+from memfit.memory.log import Event
 from memfit.report.data import ProcessData, RunData, anon, number
 
 __all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
@@ -121,7 +122,7 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
     (``warmup_epochs`` from the ``start`` event, else the classifier's default). Without
     those either, a single ``unknown`` verdict says why nothing can be judged.
     """
-    logged = data.events("verdict")
+    logged = data.events(Event.VERDICT)
     if logged:
         return (_from_event(logged[-1]),)
     warmup = data.start.get("warmup_epochs")

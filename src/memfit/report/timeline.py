@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from memfit.atomic import temporary_name
+from memfit.memory.log import Event
 from memfit.report.data import MARK_EVENTS, ProcessData, RunData, anon, number
 from memfit.sizes import format_size
 
@@ -33,7 +34,8 @@ __all__ = ["timeline", "title", "event_label", "format_duration"]
 _PID_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f",
                "#e377c2")
 _DEVICE_COLORS = ("#ff7f0e", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b")
-_MARK_COLORS = {"restart": "#d62728", "exit": "#444444", "stop": "#9467bd"}
+# in order of precedence: a group of marks close in time takes the first one's colour
+_MARK_COLORS = {Event.RESTART: "#d62728", Event.STOP: "#9467bd", Event.EXIT: "#444444"}
 _MAX_PIDS_IN_LEGEND = 8
 _MAX_EPOCH_MARKS = 30
 _BUDGET_KEYS = ("max_rss", "memory_budget", "budget")
@@ -61,8 +63,8 @@ def event_label(record: dict, *, reason: bool = True) -> str:
     """
     event = record["event"]
     code = record.get("code", record.get("returncode"))
-    text = f"{event} {code}" if event == "exit" and code is not None else event
-    if event == "exit" and isinstance(code, int) and code < 0:
+    text = f"{event} {code}" if event == Event.EXIT and code is not None else event
+    if event == Event.EXIT and isinstance(code, int) and code < 0:
         text += " (signal)"
     return f"{text}: {_reason(record)}" if reason and _reason(record) else text
 
@@ -128,7 +130,7 @@ def title(data: RunData) -> str:
 
     Example:
         >>> title(load("runs/exp1"))                         # doctest: +SKIP
-        'Memory timeline — runs/exp1\n3 min 20 s from 2025-01-01 12:00, 1 process'
+        'Memory timeline — runs/exp1\\n3 min 20 s from 2025-01-01 12:00, 1 process'
 
     Args:
         data: a run, from :func:`memfit.report.load`.
@@ -146,7 +148,7 @@ def _marks(data: RunData, axes, t0: float, scale: float) -> None:
     """Epoch ends (thin) on every panel; restarts/exits/stops (labelled) too."""
     from matplotlib.transforms import blended_transform_factory
 
-    epochs = data.events("epoch_end")
+    epochs = data.events(Event.EPOCH_END)
     marks = data.events(*MARK_EVENTS)
     groups: list[list[dict]] = []           # events close in time share one label
     for record in marks:
@@ -163,7 +165,7 @@ def _marks(data: RunData, axes, t0: float, scale: float) -> None:
         for group in groups:
             x = (group[0]["t"] - t0) / scale
             events = {r["event"] for r in group}
-            color = _MARK_COLORS[next(e for e in ("restart", "stop", "exit") if e in events)]
+            color = _MARK_COLORS[next(e for e in _MARK_COLORS if e in events)]
             ax.axvline(x, color=color, lw=1.4, alpha=0.85, zorder=1)
             if i == 0:                      # events on one line, the first reason below
                 text = " · ".join(dict.fromkeys(event_label(r, reason=False) for r in group))
