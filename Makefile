@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo bench clean
 
-$(STAMP): pyproject.toml setup.py src/memfit/data/_window.c
+$(STAMP): pyproject.toml setup.py src/memfit/data/cwindow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -29,4 +29,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
-	rm -f src/memfit/data/_window*.so
+	rm -f src/memfit/data/cwindow*.so

@@ -20,7 +20,7 @@ def placement(request, monkeypatch):
     if request.param == "gathered":
         monkeypatch.setattr(records, "NATIVE", None)
     elif records.NATIVE is None:
-        pytest.skip("memfit.data._window was not built (no C compiler at install)")
+        pytest.skip("memfit.data.cwindow was not built (no C compiler at install)")
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""memfit's C loops (memfit.data._window) and the block reader's two
+"""memfit's C loops (memfit.data.cwindow) and the block reader's two
 ways of placing samples: straight into batch rows, or gathered from scratch buffers."""
 
 import shutil
@@ -18,13 +18,13 @@ def test_the_c_extension_is_built_where_a_compiler_is():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) here: the block reader gathers instead")
-    assert records.NATIVE is not None, "memfit.data._window did not build: reinstall"
+    assert records.NATIVE is not None, "memfit.data.cwindow did not build: reinstall"
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_crc_of_scattered_records_matches_the_contiguous_bytes(native, monkeypatch):
     if native and records.NATIVE is None:
-        pytest.skip("memfit.data._window was not built (no C compiler at install)")
+        pytest.skip("memfit.data.cwindow was not built (no C compiler at install)")
     if not native:
         monkeypatch.setattr(records, "NATIVE", None)
     rng = np.random.default_rng(0)

@@ -155,7 +155,7 @@ def record_layout(features: Sequence[Feature], samples: int) -> RecordLayout:
 
 def reads_into_batches(dtypes: Sequence[Any]) -> bool:
     """Whether the block reader reads each sample of these (little-endian) dtypes straight
-    into its batch row: it needs memfit's C loop (``memfit.data._window``, built at
+    into its batch row: it needs memfit's C loop (``memfit.data.cwindow``, built at
     install where a C compiler is found), which reads each record into a staging buffer
     that stays in the CPU cache, checks its CRC32C there and copies each sample to its
     row, and no byte swapping. Otherwise records are read into scratch buffers in order

@@ -296,7 +296,7 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        shuffle=shuffle, reader="blocks",
                        reader_note="each sample read straight into its batch row" if direct
                        else "records read into reused buffers, their samples then gathered "
-                            "into batches: memfit's C extension memfit.data._window is not built")
+                            "into batches: memfit's C extension memfit.data.cwindow is not built")
 
 
 def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Tensor:

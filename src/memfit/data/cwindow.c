@@ -1,4 +1,4 @@
-/* memfit.data._window: the block reader's inner loops over a window's records, in C,
+/* memfit.data.cwindow: the block reader's inner loops over a window's records, in C,
  * in one call each and without the GIL.
  *
  * A window is a few hundred records whose samples go to rows all over its batches. From
@@ -153,12 +153,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_window",
+    PyModuleDef_HEAD_INIT, "cwindow",
     "The block reader's inner loops in C (see memfit.data.records).", -1, methods,
 };
 
 PyMODINIT_FUNC
-PyInit__window(void)
+PyInit_cwindow(void)
 {
     return PyModule_Create(&module);
 }
