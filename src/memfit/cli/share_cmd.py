@@ -46,7 +46,7 @@ HELP = "run several trainings on one device within a memory budget"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from memfit.share.planner import DEFAULT_WORKDIR
+    from memfit.share.layout import DEFAULT_WORKDIR
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("jobs", metavar="JOBS.toml", help="the jobs file (TOML, [[job]] tables)")

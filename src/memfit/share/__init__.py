@@ -19,7 +19,8 @@ Example:
 from memfit.device import DeviceConfig, DeviceConfigError, configure_device
 from memfit.share.jobs import Job, JobsFileError, JobsSpec, load_jobs, parse_jobs
 from memfit.share.planner import Plan, PlannedJob, pick, plan
-from memfit.share.runner import JobResult, ShareResult, share
+from memfit.share.results import JobResult, ShareResult
+from memfit.share.runner import share
 
 __all__ = ["DeviceConfig", "DeviceConfigError", "Job", "JobResult", "JobsFileError",
            "JobsSpec", "Plan", "PlannedJob", "ShareResult", "configure_device", "load_jobs",

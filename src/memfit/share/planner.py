@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -49,14 +48,13 @@ from memfit.share.jobs import (
     load_jobs,
     parse_jobs,
 )
+from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
 from memfit.sizes import format_size, parse_size
 from memfit.workdir import Workdir
 
 __all__ = ["Plan", "PlannedJob", "plan", "pick", "SUPERVISOR_RSS", "LEARN_MARGIN",
-           "DEFAULT_WORKDIR", "RECORD_NAME", "job_dir", "gpu_memory"]
+           "gpu_memory"]
 
-DEFAULT_WORKDIR = "memfit-share"
-RECORD_NAME = "job.json"          # WORKDIR/jobs/NAME/job.json: what the last run measured
 # `python -m memfit run` itself: 22 MiB anonymous RSS measured on this machine (x86-64,
 # Python 3.11), rounded up.
 SUPERVISOR_RSS = 32 * 2**20
@@ -168,11 +166,6 @@ def pick(queue: Sequence[PlannedJob], free: int) -> list[PlannedJob]:
     return chosen
 
 
-def job_dir(workdir: str | os.PathLike, name: str) -> Path:
-    """``WORKDIR/jobs/NAME``: a job's logs, its record, and (supervised) its checkpoints."""
-    return Path(workdir) / "jobs" / name
-
-
 def gpu_memory(index: int) -> tuple[int, int] | None:
     """``(total, free)`` bytes of GPU ``index`` from NVML, or ``None`` without one."""
     devices = nvml_devices() or []
@@ -241,22 +234,21 @@ def _estimate_need(job: Job, device: str) -> tuple[int | None, str]:
 
 
 def _learned(workdir: Path, job: Job, device: str, overhead: int) -> tuple[int | None, str]:
-    record_path = job_dir(workdir, job.name) / RECORD_NAME
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
+    """The need learned from the job's record of its previous run, or ``(None, why)``."""
+    files = JobFiles.of(workdir, job.name)
+    record = files.read_record()
+    if record is None:
         return None, "unknown: no previous run in the workdir; runs alone, and is learned"
-    if not isinstance(record, dict) or not isinstance(record.get("peak"), int):
-        return None, f"unknown: {record_path} holds no peak; runs alone, and is learned"
-    if record.get("device") != device or record.get("command") != list(job.command):
+    if record.peak is None:
+        return None, f"unknown: {files.record} holds no peak; runs alone, and is learned"
+    if record.device != device or record.command != job.command:
         return None, ("unknown: the previous run had another command or device; runs alone, "
                       "and is learned")
-    if record.get("exit_code") != 0:
+    if record.exit_code != 0:
         return None, (f"unknown: the previous run did not finish (exit "
-                      f"{record.get('exit_code')}); runs alone, and is learned")
-    peak = record["peak"]
-    need = max(0, math.ceil(peak * (1 + LEARN_MARGIN)) - overhead)
-    return need, f"learned: peak {format_size(peak)} in the previous run, + 10 %"
+                      f"{record.exit_code}); runs alone, and is learned")
+    need = max(0, math.ceil(record.peak * (1 + LEARN_MARGIN)) - overhead)
+    return need, f"learned: peak {format_size(record.peak)} in the previous run, + 10 %"
 
 
 def _check_workdir(workdir: Path) -> None:
@@ -301,7 +293,41 @@ def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,
     """
     spec = jobs if isinstance(jobs, JobsSpec) else (
         load_jobs(jobs) if isinstance(jobs, str | os.PathLike) else parse_jobs(jobs))
-    where = spec.source
+    target = _target(spec, budget, device, overhead, Path(workdir), restart)
+    problems: list[str] = []
+    warnings = _overhead_warnings(target)
+    planned = [p for p in (_plan_job(job, target, problems, warnings) for job in spec.jobs)
+               if p is not None]
+    if problems:
+        raise JobsFileError(format_problems(spec.source, problems), problems)
+    planned.sort(key=lambda j: (-j.charge, j.index))
+    return Plan(jobs=tuple(planned), budget=target.budget, budget_source=target.budget_source,
+                device=target.device, overhead=target.overhead,
+                overhead_source=target.overhead_source, workdir=target.workdir,
+                source=spec.source, warnings=tuple(warnings))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where the jobs of a plan run: the device, its budget and overhead, the workdir."""
+
+    device: str
+    budget: int
+    budget_source: str
+    overhead: int
+    overhead_source: str
+    workdir: Path
+    restart: bool
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("gpu")
+
+
+def _target(spec: JobsSpec, budget: Any, device: Any, overhead: Any, workdir: Path,
+            restart: bool) -> _Target:
+    """The device, budget and overhead (the arguments win over the file's), checked, and
+    the workdir, checked."""
     try:
         device = check_device(device if device is not None else spec.device
                               if spec.device is not None else _default_device())
@@ -310,75 +336,79 @@ def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,
         overhead_bytes, overhead_source = _overhead(
             overhead if overhead is not None else spec.overhead, device)
     except (ValueError, MemfitError) as e:
-        raise JobsFileError(f"{where}: {e}") from None
+        raise JobsFileError(f"{spec.source}: {e}") from None
     if budget is None and spec.budget is not None:
-        budget_source = f"from {where}"
-    workdir = Path(workdir)
+        budget_source = f"from {spec.source}"
     _check_workdir(workdir)
-    on_gpu = device.startswith("gpu")
-    problems, warnings, planned = [], [], []
-    memory = gpu_memory(int(device.split(":")[1])) if on_gpu else None
-    if memory is not None and overhead_bytes >= memory[0] // 2:
-        warnings.append(f"the per-process overhead {format_size(overhead_bytes)} "
-                        f"({overhead_source}) is half the GPU or more: it looks like "
-                        f"TensorFlow's whole reservation, not the memory above a cap; give "
-                        f"overhead= (benchmarks/share_gpu.py measures it)")
-    for job in spec.jobs:
-        need, note = job.need, "given"
-        if job.need_source == "auto":
-            need, note = _estimate_need(job, device)
-            if need is None:
-                problems.append(f"job {job.index} ({job.name!r}): need = 'auto': {note}. "
-                                f"Give the need as a size instead, such as need = '2GiB'.")
-                continue
-        elif job.need_source == "learned":
-            need, note = _learned(workdir, job, device, overhead_bytes)
-        if on_gpu and need is not None and need < 2**20:
-            problems.append(f"job {job.index} ({job.name!r}): on a GPU the need is the job's "
-                            f"memory cap, at least 1 MiB. Received: need={job.written_need!r}")
-            continue
-        supervised = restart if job.restart is None else job.restart
-        exclusive = need is None
-        extra = SUPERVISOR_RSS if supervised and not on_gpu else 0
-        charge = budget_bytes if exclusive else need + overhead_bytes + extra
-        source = "unknown" if exclusive else job.need_source
-        if charge > budget_bytes:
-            parts = f"need {format_size(need)} + overhead {format_size(overhead_bytes)}"
-            if extra:
-                parts += f" + memfit run {format_size(extra)}"
-            problems.append(f"job {job.index} ({job.name!r}): {parts} = "
-                            f"{format_size(charge)} is more than the whole budget "
-                            f"{format_size(budget_bytes)}: it could never start. Lower its "
-                            f"need, or raise the budget. Received: need="
-                            f"{job.written_need!r}")
-            continue
-        if exclusive:
-            warnings.append(f"{job.name}: no need given and none learned yet: it runs alone "
-                            f"(charged the whole budget); its peak is learned for the next "
-                            f"run in {workdir}")
-        else:
-            previous = _previous_peak(workdir, job)
-            if previous is not None and previous > charge:
-                warnings.append(f"{job.name}: peaked at {format_size(previous)} in the "
-                                f"previous run, above its share {format_size(charge)} now: "
-                                f"it will likely be stopped")
-        planned.append(PlannedJob(name=job.name, command=job.command, need=need,
-                                  need_source=source, note=note, charge=charge,
-                                  exclusive=exclusive, restart=bool(supervised), env=job.env,
-                                  index=job.index))
-    if problems:
-        raise JobsFileError(format_problems(where, problems), problems)
-    planned.sort(key=lambda j: (-j.charge, j.index))
-    return Plan(jobs=tuple(planned), budget=budget_bytes, budget_source=budget_source,
-                device=device, overhead=overhead_bytes, overhead_source=overhead_source,
-                workdir=workdir, source=where, warnings=tuple(warnings))
+    return _Target(device=device, budget=budget_bytes, budget_source=budget_source,
+                   overhead=overhead_bytes, overhead_source=overhead_source,
+                   workdir=workdir, restart=restart)
+
+
+def _overhead_warnings(target: _Target) -> list[str]:
+    memory = gpu_memory(int(target.device.split(":")[1])) if target.on_gpu else None
+    if memory is None or target.overhead < memory[0] // 2:
+        return []
+    return [f"the per-process overhead {format_size(target.overhead)} "
+            f"({target.overhead_source}) is half the GPU or more: it looks like TensorFlow's "
+            f"whole reservation, not the memory above a cap; give overhead= "
+            f"(benchmarks/share_gpu.py measures it)"]
+
+
+def _need(job: Job, target: _Target, problems: list[str]) -> tuple[bool, int | None, str]:
+    """``(ok, need, where it came from)``: given, estimated or learned; not ok (with a
+    problem added) when it cannot be used."""
+    need, note = job.need, "given"
+    if job.need_source == "auto":
+        need, note = _estimate_need(job, target.device)
+        if need is None:
+            problems.append(f"job {job.index} ({job.name!r}): need = 'auto': {note}. "
+                            f"Give the need as a size instead, such as need = '2GiB'.")
+            return False, None, note
+    elif job.need_source == "learned":
+        need, note = _learned(target.workdir, job, target.device, target.overhead)
+    if target.on_gpu and need is not None and need < 2**20:
+        problems.append(f"job {job.index} ({job.name!r}): on a GPU the need is the job's "
+                        f"memory cap, at least 1 MiB. Received: need={job.written_need!r}")
+        return False, None, note
+    return True, need, note
+
+
+def _plan_job(job: Job, target: _Target, problems: list[str],
+              warnings: list[str]) -> PlannedJob | None:
+    """The job with its need and charge, or ``None`` (with a problem added)."""
+    ok, need, note = _need(job, target, problems)
+    if not ok:
+        return None
+    supervised = target.restart if job.restart is None else job.restart
+    extra = SUPERVISOR_RSS if supervised and not target.on_gpu else 0
+    charge = target.budget if need is None else need + target.overhead + extra
+    if charge > target.budget:
+        parts = f"need {format_size(need)} + overhead {format_size(target.overhead)}"
+        if extra:
+            parts += f" + memfit run {format_size(extra)}"
+        problems.append(f"job {job.index} ({job.name!r}): {parts} = {format_size(charge)} is "
+                        f"more than the whole budget {format_size(target.budget)}: it could "
+                        f"never start. Lower its need, or raise the budget. Received: need="
+                        f"{job.written_need!r}")
+        return None
+    if need is None:
+        warnings.append(f"{job.name}: no need given and none learned yet: it runs alone "
+                        f"(charged the whole budget); its peak is learned for the next run "
+                        f"in {target.workdir}")
+    else:
+        previous = _previous_peak(target.workdir, job)
+        if previous is not None and previous > charge:
+            warnings.append(f"{job.name}: peaked at {format_size(previous)} in the previous "
+                            f"run, above its share {format_size(charge)} now: it will likely "
+                            f"be stopped")
+    return PlannedJob(name=job.name, command=job.command, need=need,
+                      need_source="unknown" if need is None else job.need_source, note=note,
+                      charge=charge, exclusive=need is None, restart=bool(supervised),
+                      env=job.env, index=job.index)
 
 
 def _previous_peak(workdir: Path, job: Job) -> int | None:
-    try:
-        record = json.loads((job_dir(workdir, job.name) / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    peak = record.get("peak") if isinstance(record, dict) else None
-    same = isinstance(record, dict) and record.get("command") == list(job.command)
-    return peak if isinstance(peak, int) and same else None
+    """The job's peak in its previous run, when it ran the same command."""
+    record = JobFiles.of(workdir, job.name).read_record()
+    return record.peak if record is not None and record.command == job.command else None
