@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memfit.doctor import doctor
-from memfit.doctor.findings import BUFFER_MIN, DATA_MIN
+from memfit.doctor.data_rules import BUFFER_MIN, DATA_MIN
 from memfit.memory.process import CommandStartError
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -147,11 +147,10 @@ def test_exit_code_of_a_failing_command_is_kept(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"steps": 0}, "steps must be a positive integer number of training steps, such as 100. "
-                   "Received: steps=0"),
+    ({"steps": 0}, "steps must be an integer >= 1 (or None), such as 100. Received: steps=0"),
     ({"steps": True}, "Received: steps=True"),
     ({"steps": 2.5}, "Received: steps=2.5"),
-    ({"seconds": -1}, "seconds must be a positive number of seconds, such as 60. "
+    ({"seconds": -1}, "seconds must be a positive number of seconds (or None), such as 60. "
                       "Received: seconds=-1"),
     ({"seconds": float("nan")}, "Received: seconds=nan"),
     ({"steps": 10, "seconds": 5}, "give steps or seconds, not both. Received: steps=10, "

@@ -2,15 +2,11 @@
 
 import copy
 
-from memfit.doctor.findings import (
-    BUFFER_MIN,
-    DATA_MIN,
-    WARMUP_MIN,
-    Facts,
-    diagnose,
-    gpu_no_limit,
-    memory_growth,
-)
+from memfit.doctor.data_rules import BUFFER_MIN, DATA_MIN
+from memfit.doctor.facts import Facts
+from memfit.doctor.findings import diagnose
+from memfit.doctor.growth_rules import WARMUP_MIN, memory_growth
+from memfit.doctor.model_rules import gpu_no_limit
 from memfit.doctor.report import DoctorResult
 
 MiB, GiB = 2**20, 2**30

@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from memfit.doctor.findings import Finding
+from memfit.doctor.facts import Finding
 from memfit.memory.probe import Sample
 from memfit.sizes import format_size
 

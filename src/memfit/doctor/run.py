@@ -18,22 +18,23 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from memfit import checks
 from memfit.atomic import write_text_atomic
 from memfit.doctor import site
-from memfit.doctor.findings import Facts, diagnose
+from memfit.doctor.facts import Facts
+from memfit.doctor.findings import diagnose
 from memfit.doctor.probe import FORMAT as PROBE_FORMAT
 from memfit.doctor.report import DoctorResult
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import system_memory
 from memfit.memory.process import check_command
-from memfit.memory.watch import watch
+from memfit.memory.watch import WatchResult, watch
 from memfit.workdir import Workdir
 
 __all__ = ["doctor", "DEFAULT_EPOCHS", "DEFAULT_SECONDS", "DEFAULT_WORKDIR",
@@ -60,8 +61,9 @@ def check_limits(steps: int | None, seconds: float | None, epochs: int | None = 
         epochs: epoch ends over all ``fit`` calls.
 
     Raises:
-        ValueError: for steps with seconds or epochs, a count that is not a positive
-            integer, or seconds that are not a positive number, quoting the value.
+        ValueError: for steps with seconds or epochs, a count that is not an integer >= 1,
+            or seconds that are not a positive number, quoting the value
+            (:mod:`memfit.checks`).
     """
     if steps is not None and seconds is not None:
         raise ValueError(f"give steps or seconds, not both. Received: steps={steps!r}, "
@@ -69,19 +71,9 @@ def check_limits(steps: int | None, seconds: float | None, epochs: int | None = 
     if steps is not None and epochs is not None:
         raise ValueError(f"give steps or epochs, not both. Received: steps={steps!r}, "
                          f"epochs={epochs!r}")
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
-                               or epochs < 1):
-        raise ValueError(f"epochs must be a positive integer number of epochs, such as 3. "
-                         f"Received: epochs={epochs!r}")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                              or steps < 1):
-        raise ValueError(f"steps must be a positive integer number of training steps, such "
-                         f"as 100. Received: steps={steps!r}")
-    if seconds is not None and (isinstance(seconds, bool)
-                                or not isinstance(seconds, int | float)
-                                or not math.isfinite(seconds) or seconds <= 0):
-        raise ValueError(f"seconds must be a positive number of seconds, such as 60. "
-                         f"Received: seconds={seconds!r}")
+    epochs = checks.count("epochs", epochs, optional=True, example=DEFAULT_EPOCHS)
+    steps = checks.count("steps", steps, optional=True, example=100)
+    seconds = checks.seconds("seconds", seconds, optional=True, example=60)
     if steps is None and seconds is None and epochs is None:
         seconds, epochs = DEFAULT_SECONDS, DEFAULT_EPOCHS
     return steps, seconds, epochs
@@ -148,40 +140,46 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     """
     command = check_command(command)
     steps, seconds, epochs = check_limits(steps, seconds, epochs)
-    if (isinstance(interval, bool) or not isinstance(interval, int | float)
-            or not math.isfinite(interval) or interval <= 0):
-        raise ValueError(f"interval must be a positive number of seconds, such as 0.2. "
-                         f"Received: interval={interval!r}")
+    interval = checks.seconds("interval", interval, example=DEFAULT_INTERVAL)
     wd = Workdir(workdir).create()
     results_dir = wd.path / ".doctor"
     run_id = uuid.uuid4().hex[:12]
     env = site.environment(site.prepare(wd.path), results_dir, run_id, steps=steps,
                            seconds=seconds, epochs=epochs)
     watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
-    probe = _read_probe(results_dir, run_id)
-    verdict = {**watched.verdict.to_record(), "basis": watched.basis}
+    result = _diagnose(tuple(command), watched, _read_probe(results_dir, run_id), wd.path)
+    _record(result, wd)
+    return result
+
+
+def _diagnose(command: tuple[str, ...], watched: WatchResult, probe: dict | None,
+              workdir: Path) -> DoctorResult:
+    """The findings of one run, from what was seen from outside and the probe's results."""
+    outside = {**watched.verdict.to_record(), "basis": watched.basis}
+    verdict = outside
     if probe and probe.get("verdict") and "error" not in probe["verdict"]:
-        verdict = probe["verdict"]
-    facts = Facts(command=tuple(command), probe=probe,
+        verdict = probe["verdict"]        # per step, with a trim probe: the better one
+    facts = Facts(command=command, probe=probe,
                   peak_anon=None if watched.peak is None else watched.peak.anon_or_total,
-                  watch_verdict={**watched.verdict.to_record(), "basis": watched.basis},
-                  ram_total=system_memory()[0])
-    findings = tuple(diagnose(facts))
-    result = DoctorResult(command=tuple(command), exit_code=watched.exit_code,
-                          duration=watched.duration, findings=findings,
-                          steps=None if probe is None else probe.get("steps"),
-                          stopped=None if probe is None else probe.get("stopped"),
-                          probe=probe is not None, peak=watched.peak,
-                          verdict={k: v for k, v in verdict.items() if k != "values"},
-                          workdir=wd.path, log_path=watched.log_path, measurements=probe,
-                          epochs=None if probe is None else probe.get("epochs"))
+                  watch_verdict=outside, ram_total=system_memory()[0])
+    measured = probe or {}
+    return DoctorResult(command=command, exit_code=watched.exit_code,
+                        duration=watched.duration, findings=tuple(diagnose(facts)),
+                        steps=measured.get("steps"), stopped=measured.get("stopped"),
+                        probe=probe is not None, peak=watched.peak,
+                        verdict={k: v for k, v in verdict.items() if k != "values"},
+                        workdir=workdir, log_path=watched.log_path, measurements=probe,
+                        epochs=measured.get("epochs"))
+
+
+def _record(result: DoctorResult, wd: Workdir) -> None:
+    """Writes ``doctor.json`` and the run's last events to the shared log."""
     write_text_atomic(wd.path / "doctor.json", json.dumps(result.to_json(), indent=1) + "\n")
+    probe = result.measurements
     with MemoryLog(wd.log, source="doctor", header=False) as log:
-        if probe and verdict is probe.get("verdict"):
+        if probe and probe.get("verdict") and "error" not in probe["verdict"]:
             # The in-process verdict (per step, with a trim probe) is the better one: log
             # it after watch's, so that `memfit report` shows it.
-            log.write(Event.VERDICT, pid=probe.get("pid"), source="doctor",
-                      **{k: v for k, v in verdict.items() if k != "values"})
+            log.write(Event.VERDICT, pid=probe.get("pid"), source="doctor", **result.verdict)
         log.write(Event.FINDINGS, kinds=result.kinds,
-                  bytes=[f.bytes for f in findings], steps=result.steps)
-    return result
+                  bytes=[f.bytes for f in result.findings], steps=result.steps)
