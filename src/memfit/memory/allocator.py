@@ -34,6 +34,7 @@ import gc
 import os
 from typing import Any
 
+from memfit import checks
 from memfit.errors import MemfitError
 from memfit.memory.probe import sample
 
@@ -117,8 +118,7 @@ def limit_arenas(count: int) -> int | None:
         The cap in force, or ``None`` where the C library is not glibc (nothing done).
     """
     global _arena_limit
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive integer. Received: count={count!r}")
+    count = checks.count("count", count, example=2)
     lib = _load()
     if not lib:
         return None
@@ -141,10 +141,7 @@ def check_policy(policy: str) -> str:
     Raises:
         ValueError: for any other value, quoting it.
     """
-    if policy not in ALLOCATOR_POLICIES:
-        raise ValueError(f"allocator must be one of {', '.join(ALLOCATOR_POLICIES)}. "
-                         f"Received: allocator={policy!r}")
-    return policy
+    return checks.choice("allocator", policy, ALLOCATOR_POLICIES)
 
 
 def policy_env(policy: str, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -196,9 +193,8 @@ def fix_mmap_threshold(threshold: int = FIXED_MMAP_THRESHOLD) -> bool | None:
         ``True`` when set, ``None`` where the C library is not glibc (nothing done).
     """
     global _fixed_here
-    if not isinstance(threshold, int) or threshold < 4096:
-        raise ValueError(f"threshold must be an integer of at least 4096 bytes. "
-                         f"Received: threshold={threshold!r}")
+    threshold = checks.count("threshold", threshold, minimum=4096,
+                             example=FIXED_MMAP_THRESHOLD, hint="It is in bytes.")
     lib = _load()
     if not lib:
         return None

@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from memfit import checks
 from memfit.sizes import format_size
 
 __all__ = ["Verdict", "classify", "classify_release", "theil_sen", "EXPLANATIONS",
@@ -208,8 +209,7 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
             released (``None`` if it cannot trim: retention is then not diagnosed).
         min_growth: growth, in bytes over the run, below which nothing is diagnosed.
     """
-    if warmup_epochs < 0:
-        raise ValueError(f"warmup_epochs must be >= 0. Received: warmup_epochs={warmup_epochs}")
+    warmup_epochs = checks.count("warmup_epochs", warmup_epochs, minimum=0, example=1)
     values = [float(v) for v in values]
     after = values[warmup_epochs:]
     if len(after) < MIN_VALUES:     # three points cannot tell slow warm-up from a leak

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 import psutil
 
+from memfit import checks
 from memfit.sizes import format_size
 
 __all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
@@ -258,9 +259,7 @@ def measure(pid: int | None = None, *, interval: float = 0.01,
         interval: seconds between samples of the background thread.
         tree: include the descendants of the process.
     """
-    if interval <= 0:
-        raise ValueError(f"interval must be a positive number of seconds. "
-                         f"Received: interval={interval!r}")
+    interval = checks.seconds("interval", interval)
     pid = os.getpid() if pid is None else pid
     exact_peak = not tree and _reset_peak(pid)
     before = sample(pid, tree=tree)

@@ -33,16 +33,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from memfit import checks
 from memfit.env import WORKDIR_ENV
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
 from memfit.memory.log import Event, MemoryLog, read_log
@@ -235,16 +236,20 @@ class _StatusLine:
     def __init__(self, stream: TextIO, start: float):
         self.stream = stream
         self.start = start
+        self.recent: collections.deque[Sample] = collections.deque(maxlen=_STATUS_MAX_SAMPLES)
         try:
             self.enabled = bool(stream.isatty())
         except (AttributeError, ValueError):
             self.enabled = False
         self.shown = False
 
-    def update(self, recent: Sequence[Sample], peak: Sample) -> None:
-        if not self.enabled or not recent:
+    def update(self, now: Sample, peak: Sample) -> None:
+        """Redraws the line for a new sample; the slope is over the last
+        :data:`_STATUS_WINDOW` seconds."""
+        self.recent.append(now)
+        if not self.enabled:
             return
-        now = recent[-1]
+        recent = [x for x in self.recent if x.t >= now.t - _STATUS_WINDOW]
         slope = "slope      n/a"
         if len(recent) >= 3:
             step = (recent[-1].t - recent[0].t) / (len(recent) - 1)
@@ -312,59 +317,68 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
             be executed (126); nothing is written to the log then.
     """
     command = check_command(command)
-    if (isinstance(interval, bool) or not isinstance(interval, int | float)
-            or not math.isfinite(interval) or interval <= 0):
-        raise ValueError(f"interval must be a positive number of seconds, such as 0.5. "
-                         f"Received: interval={interval!r}")
-    status = sys.stderr if status is None else status
-    wd = Workdir(workdir).create()
-    if wd.log.exists() and wd.log.stat().st_size > 0:
-        for _ in read_log(wd.log):      # LogError (a MemfitError) if it is not a memfit log
-            pass
-
+    interval = checks.seconds("interval", interval)
+    wd = _workdir(workdir)
     since = time.time()
     proc = start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)})
-    log = MemoryLog(wd.log, source="watch", command=command, interval=interval)
-    started = time.time()
-    sampler = TreeSampler(proc.pid, log=log)
-    recent: collections.deque[Sample] = collections.deque(maxlen=_STATUS_MAX_SAMPLES)
-    line = _StatusLine(status, started)
-    try:
-        with forward_signals(proc):
-            for _ in ticks(proc, interval):
-                s = sampler.take()
-                if s is None:
-                    continue
-                recent.append(s)
-                line.update([x for x in recent if x.t >= s.t - _STATUS_WINDOW], sampler.peak)
-    except BaseException:
-        # Like subprocess.run: never leave the command running unattended.
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-        raise
-    finally:
-        line.clear()
-    code = exit_code(proc.returncode)
-    exit_fields = {"code": code, "duration": time.time() - started}
-    if proc.returncode < 0:
-        exit_fields["signal"] = -proc.returncode
-    log.write(Event.EXIT, pid=proc.pid, **exit_fields)
-
-    duration = time.time() - started
+    with MemoryLog(wd.log, source="watch", command=command, interval=interval) as log:
+        started = time.time()
+        sampler = TreeSampler(proc.pid, log=log)
+        _sample_until_exit(proc, sampler, interval,
+                           _StatusLine(sys.stderr if status is None else status, started))
+        code = _log_exit(log, proc, started)
+        duration = time.time() - started
+        judged = judge(sampler.samples.items, wd.log, since, duration, command)
+        # The verdict is about the command: log it under the command's pid. (The
+        # explanation of a leak already says that no trim probe could run from outside.)
+        log.write(Event.VERDICT, pid=proc.pid, source="watch", **judged.to_record())
     samples = sampler.samples
-    judged = judge(samples.items, wd.log, since, duration, command)
-    # The verdict is about the command: log it under the command's pid. (The explanation
-    # of a leak already says that no trim probe could run from outside.)
-    log.write(Event.VERDICT, pid=proc.pid, source="watch", **judged.to_record())
-    log.close()
     final, first = samples.last, samples.items[0] if samples.items else None
     growth = final.anon_or_total - first.anon_or_total if final and first else 0
     return WatchResult(exit_code=code, samples=samples.seen, peak=sampler.peak, final=final,
                        growth=growth, verdict=judged.verdict, duration=duration,
                        log_path=wd.log, command=tuple(command), basis=judged.basis,
                        level=judged.level)
+
+
+def _workdir(workdir: str | os.PathLike) -> Workdir:
+    """The workdir, created; a log already there must be a memfit log (checked before the
+    command starts, so that nothing is appended to someone else's file)."""
+    wd = Workdir(workdir).create()
+    if wd.log.exists() and wd.log.stat().st_size > 0:
+        for _ in read_log(wd.log):      # LogError (a MemfitError) if it is not a memfit log
+            pass
+    return wd
+
+
+def _sample_until_exit(proc: subprocess.Popen, sampler: TreeSampler, interval: float,
+                       line: _StatusLine) -> None:
+    """Samples the command's tree every ``interval`` seconds until it exits, forwarding
+    SIGINT/SIGTERM to it and drawing the status line. Like ``subprocess.run``, it never
+    leaves the command running unattended: on any exception here it is killed."""
+    try:
+        with forward_signals(proc):
+            for _ in ticks(proc, interval):
+                s = sampler.take()
+                if s is not None:
+                    line.update(s, sampler.peak)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        line.clear()
+
+
+def _log_exit(log: MemoryLog, proc: subprocess.Popen, started: float) -> int:
+    """Writes the command's ``exit`` event; returns its exit code as a shell reports it."""
+    code = exit_code(proc.returncode)
+    fields = {"code": code, "duration": time.time() - started}
+    if proc.returncode < 0:
+        fields["signal"] = -proc.returncode
+    log.write(Event.EXIT, pid=proc.pid, **fields)
+    return code
 
 
 @dataclasses.dataclass(frozen=True)
