@@ -177,9 +177,12 @@ def test_bad_commands(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["doctor"], "give the command to run after '--'"),
-    (["doctor", "--steps", "0", "--", "python", "t.py"], "Received: --steps '0'"),
-    (["doctor", "--steps", "ten", "--", "python", "t.py"], "Received: --steps 'ten'"),
-    (["doctor", "--seconds", "-3", "--", "python", "t.py"], "Received: --seconds '-3'"),
+    (["doctor", "--steps", "0", "--", "python", "t.py"],
+     "argument --steps: must be an integer >= 1, such as 3. Received: '0'"),
+    (["doctor", "--steps", "ten", "--", "python", "t.py"],
+     "argument --steps: must be an integer >= 1, such as 3. Received: 'ten'"),
+    (["doctor", "--seconds", "-3", "--", "python", "t.py"],
+     "argument --seconds: must be a positive number of seconds, such as 0.5. Received: '-3'"),
     (["doctor", "--steps", "5", "--seconds", "3", "--", "python", "t.py"],
      "not allowed with argument"),
 ])

@@ -483,6 +483,37 @@ def _save_model(st: _State, path: Path) -> str | None:
         return None
 
 
+def _model_and_device(st: _State) -> dict[str, Any]:
+    """The GPU settings, the estimate of the model's step and, for a model whose step
+    needs much memory, the model saved for ``memfit estimate``."""
+    from memfit.doctor.gpu import gpu_state
+
+    try:
+        gpu = gpu_state()
+    except Exception:               # noqa: BLE001
+        gpu = None
+    out: dict[str, Any] = {"gpu": gpu, "model_file": None, "estimate": None}
+    if "keras" in sys.modules:
+        e = out["estimate"] = _estimate(st, "gpu:0" if gpu else "cpu")
+        if (e and "error" not in e and e["batch_memory"] >= SAVE_MODEL_ACTIVATIONS
+                and st.results_dir is not None):
+            out["model_file"] = _save_model(st, st.results_dir.parent / "doctor-model.keras")
+    return out
+
+
+def _write_results(st: _State, results: dict) -> None:
+    """Writes the results where the parent reads them (a failure is said, not raised)."""
+    if st.results_dir is None:                  # outside memfit doctor
+        return
+    try:
+        st.results_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(results_path(st.results_dir, st.run_id, st.pid),
+                          json.dumps(results, default=str))
+    except OSError as e:
+        sys.stderr.write(f"memfit doctor: could not write the probe's results to "
+                         f"{str(st.results_dir)!r} ({e.strerror})\n")
+
+
 def finish() -> dict | None:
     """Measures the end of the run and writes the results for the parent (once).
 
@@ -523,30 +554,8 @@ def finish() -> dict | None:
             results[key] = compute()
         except Exception as e:      # noqa: BLE001
             results[key] = {"error": f"{type(e).__name__}: {e}"}
-    from memfit.doctor.gpu import gpu_state
-
-    try:
-        results["gpu"] = gpu_state()
-    except Exception:               # noqa: BLE001
-        results["gpu"] = None
-    device = "gpu:0" if results["gpu"] else "cpu"
-    results["model_file"] = None
-    if "keras" in sys.modules:
-        results["estimate"] = _estimate(st, device)
-        e = results["estimate"]
-        if (e and "error" not in e and e["batch_memory"] >= SAVE_MODEL_ACTIVATIONS
-                and st.results_dir is not None):
-            results["model_file"] = _save_model(st, st.results_dir.parent / "doctor-model.keras")
-    else:
-        results["estimate"] = None
-    if st.results_dir is not None:
-        try:
-            st.results_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(results_path(st.results_dir, st.run_id, st.pid),
-                              json.dumps(results, default=str))
-        except OSError as e:
-            sys.stderr.write(f"memfit doctor: could not write the probe's results to "
-                             f"{str(st.results_dir)!r} ({e.strerror})\n")
+    results.update(_model_and_device(st))
+    _write_results(st, results)
     log = _log(st) if st.steps else st.log
     if log is not None:
         log.write(Event.DOCTOR, steps=st.steps, stopped=st.stop_reason, **final.as_record())
