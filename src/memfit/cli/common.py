@@ -1,5 +1,5 @@
-"""Argument pieces shared by the subcommands: the command after ``--``, and one argparse
-type per kind of value.
+"""Pieces shared by the subcommands: the command after ``--``, one argparse type per kind
+of value, and printing to a reader that may go away.
 
 Every subcommand reads a count (``--steps 50``), a number of seconds (``--interval 0.5``)
 or a size (``--max-rss 6GiB``) with the same type, so the same mistake gets the same
@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from memfit.sizes import parse_size
 
-__all__ = ["add_command_argument", "count", "seconds", "size"]
+__all__ = ["add_command_argument", "count", "seconds", "size", "print_output", "silence_stdout",
+           "CLOSED_PIPE"]
+
+# The exit status of a command whose reader went away, as a shell reports SIGPIPE.
+CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
 class _Command(argparse.Action):
@@ -88,3 +95,26 @@ def size(value: str) -> int:
     """
     return _parsed(value, parse_size, lambda n: True,
                    "a size such as 512MiB, 2GB or a number of bytes")
+
+
+def silence_stdout() -> None:
+    """Points stdout at /dev/null: its reader has gone (``memfit inspect DIR | head -1``),
+    and the flush at exit must not complain again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def print_output(text: str) -> bool:
+    """Prints ``text`` on stdout; ``False`` when its reader has gone (stdout is then
+    silenced, see :func:`silence_stdout`): the caller returns :data:`CLOSED_PIPE`.
+
+    Args:
+        text: what to print (a newline is added).
+    """
+    try:
+        print(text, flush=True)
+        return True
+    except BrokenPipeError:
+        silence_stdout()
+        return False

@@ -13,7 +13,7 @@ import argparse
 
 from tqdm import tqdm
 
-from memfit.cli.inspect_cmd import CLOSED_PIPE, print_output
+from memfit.cli.common import CLOSED_PIPE, print_output
 from memfit.data.verify import total_bytes, verify
 
 NAME = "verify"
