@@ -2,7 +2,8 @@
 
 import keras
 
-from memfit.estimate import graph
+from memfit.estimate import graph, kernels
+from memfit.estimate.schedule import Op
 from memfit.estimate.training import prepare
 
 
@@ -27,7 +28,7 @@ def _assert_plays_in_dependency_order(step: graph.StepGraph) -> None:
     seen: dict[str, int] = {}
     started: dict[str, int] = {}
     ended: dict[str, int] = {}
-    for i, (op, *_) in enumerate(step._schedule(64)):
+    for i, (op, *_) in enumerate(step.schedule(64)):
         seen[op.name] = seen.get(op.name, 0) + 1
         (started if seen[op.name] == 1 else ended)[op.name] = i
     assert set(seen.values()) == {2} and started.keys() == ended.keys()
@@ -101,20 +102,20 @@ def test_grappler_failing_falls_back_to_the_traced_graph(monkeypatch):
     assert step.peak(32).bytes > 0
 
 
-def test_grappler_can_be_switched_off(monkeypatch):
-    monkeypatch.setattr(graph, "GRAPPLER", False)
-    step = _step(conv)
+def test_off_the_cpu_the_traced_graph_is_played_without_cpu_kernel_buffers():
+    keras.backend.clear_session()
+    step = graph.trace(prepare(conv()), cpu=False)
     assert step.run_ops is step.ops
     assert any(op.type == "Conv2D" for op in step.run_ops)
+    assert all(op.workspace == (0, 0, 0) for op in step.run_ops)
 
 
-def _op(index: int, name: str, inputs: list[str], scratch: int, cost: int) -> graph._Op:
-    return graph._Op(index=index, name=name, type="Mul", inputs=inputs, controls=[],
-                     outputs=[(f"{name}:0", 1024, 0)], workspace=(scratch, 0, 0),
-                     cost=(cost, 0))
+def _op(index: int, name: str, inputs: list[str], scratch: int, cost: int) -> Op:
+    return Op(index=index, name=name, type="Mul", inputs=inputs, controls=[],
+              outputs=[(f"{name}:0", 1024, 0)], workspace=(scratch, 0, 0), cost=(cost, 0))
 
 
-def test_two_executor_threads_hold_two_ready_ops_at_once(monkeypatch):
+def test_two_executor_threads_hold_two_ready_ops_at_once():
     # x feeds a (long, 10 MiB of kernel workspace) and b (short, 20 MiB): with two
     # threads both run at once, with one they take turns.
     mib = 2**20
@@ -122,8 +123,7 @@ def test_two_executor_threads_hold_two_ready_ops_at_once(monkeypatch):
            _op(2, "b", ["x:0"], 20 * mib, 10), _op(3, "out", ["a:0", "b:0"], 0, 1)]
     peaks = {}
     for threads in (1, 2):
-        monkeypatch.setattr(graph, "THREADS", threads)
-        peaks[threads] = graph.StepGraph(ops, {"out:0"}, len(ops)).peak(8)
+        peaks[threads] = graph.StepGraph(ops, {"out:0"}, len(ops), threads=threads).peak(8)
     tensors = 3 * 1024                                      # x, a and b's outputs
     assert peaks[1].bytes == 20 * mib + tensors and peaks[1].op == "b"
     assert peaks[2].bytes == 30 * mib + tensors and peaks[2].op == "b"
@@ -138,4 +138,4 @@ def test_a_weight_gradient_matmul_takes_longer_with_the_batch():
     assert len(grads) == 1
     fixed, per = grads[0].cost
     assert per >= 2 * 8 * 2                               # multiply-adds per sample
-    assert fixed <= graph.OP_COST + graph.BYTE_COST * 8 * 2 * 4
+    assert fixed <= kernels.OP_COST + kernels.BYTE_COST * 8 * 2 * 4

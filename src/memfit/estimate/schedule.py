@@ -1,0 +1,374 @@
+"""The play: the training step's ops run the way TensorFlow's executor runs them, and the
+buffers they hold over time.
+
+An op starts when its inputs (and control inputs) are ready, in the order they became
+ready, on one of ``threads`` executor threads (TensorFlow's inter-op pool has a thread
+per CPU: while one thread is in a long convolution, another runs what else is ready, an
+optimizer update say, and both hold their memory at once), and runs for a time estimated
+from its work (:func:`memfit.estimate.kernels.cost`). When it starts, its outputs are
+allocated (or, for element-wise ops, take over an input buffer that nobody else needs:
+TensorFlow forwards such buffers in place) with the working buffer its CPU kernel
+allocates; views share their input's buffer. When it ends, its working buffers are freed,
+and so is every tensor it read for the last time. Ops whose results nobody reads are
+pruned first, as Grappler prunes them.
+
+:class:`Executor` plays the ops and returns the events in time order; :func:`peak` reads
+the live bytes at their worst moment at one batch size, and how glibc serves them.
+
+Example:
+    >>> ops = [Op(0, "x", "Mul", [], [], [("x:0", 0, 4)]),
+    ...        Op(1, "y", "Mul", ["x:0"], [], [("y:0", 0, 8)])]
+    >>> events = Executor(ops, {"y:0"}, threads=1, batch_size=1).play()
+    >>> [(e.op.name, len(e.allocated), e.freed) for e in events]
+    [('x', 1, []), ('x', 0, []), ('y', 1, []), ('y', 0, [0])]
+    >>> peak(events, 100, None, is_backward=lambda name: False).bytes   # x and y
+    1200
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
+
+__all__ = ["Op", "Buffer", "Event", "Executor", "Peak", "peak", "prune", "executor_threads",
+           "MMAP_THRESHOLD_MAX"]
+
+# glibc raises its mmap threshold to the size of each mapped block freed, up to 32 MiB on
+# 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): after the first step, smaller buffers come from
+# the heap arenas (and stay there when freed), larger ones are mapped and unmapped.
+MMAP_THRESHOLD_MAX = 32 * 2**20
+
+
+def executor_threads() -> int:
+    """The threads of TensorFlow's inter-op pool in this process: one per CPU it may run
+    on (the default ``threads`` of the play)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class Op:
+    """One op of the step, as the play sees it (sizes as ``(fixed, per-sample)`` bytes)."""
+
+    index: int
+    name: str
+    type: str
+    inputs: list[str]            # tensor names
+    controls: list[str]          # op names
+    outputs: list[tuple[str, int, int]]   # (tensor name, fixed bytes, per-sample bytes)
+    inner: tuple[int, int] = (0, 0)       # transient peak inside called functions
+    extra: tuple[int, int] = (0, 0)       # accumulators a While keeps for the backward pass
+    extra_items: int = 1                  # how many tensors make up ``extra``
+    cost: tuple[int, int] = (0, 0)        # how long it runs, in multiply-adds (kernels.cost)
+    workspace: tuple[int, int, int] = (0, 0, 0)   # kernel buffer: fixed, per sample, cap
+
+
+class Buffer(NamedTuple):
+    """One allocation of the play."""
+
+    id: int
+    fixed: int
+    per: int
+    owner: str           # the op that allocated it
+    items: int = 0       # an accumulator: how many tensors it holds (0: one buffer)
+    cap: int = 0         # a kernel workspace: the most bytes it touches (0: no cap)
+
+
+class Event(NamedTuple):
+    """An op starts (``allocated``: its outputs and kernel scratch) or ends (``freed``:
+    the ids of its scratch, and of buffers nobody will read any more)."""
+
+    op: Op
+    allocated: list[Buffer]
+    freed: list[int]
+
+
+def prune(ops: list[Op], fetches: set[str]) -> list[Op]:
+    """The ops that run: Grappler removes pure ops whose results nobody reads (e.g. the
+    gradient with respect to the model's input), and then their producers, in turn."""
+    reads = collections.Counter(t for op in ops for t in set(op.inputs))
+    controlling = {c for op in ops for c in op.controls}
+    producer = {t: op for op in ops for t, _, _ in op.outputs}
+    dead: set[str] = set()
+
+    def unused(op: Op) -> bool:
+        return (op.name not in dead and op.type in PURE and bool(op.outputs)
+                and op.name not in controlling
+                and all(reads[t] == 0 and t not in fetches for t, _, _ in op.outputs))
+
+    todo = [op for op in ops if unused(op)]
+    while todo:
+        op = todo.pop()
+        if not unused(op):
+            continue
+        dead.add(op.name)
+        for t in set(op.inputs):
+            reads[t] -= 1
+            src = producer.get(t)
+            if src is not None and unused(src):
+                todo.append(src)
+    return [op for op in ops if op.name not in dead]
+
+
+class Executor:
+    """TensorFlow's executor playing the step's ops on ``threads`` threads.
+
+    With one thread the order does not depend on the batch size; with several it does
+    (an op's duration is its :attr:`Op.cost` at that batch size).
+
+    Args:
+        ops: the step's ops (pruned here, see :func:`prune`).
+        fetches: the tensors the step returns (never freed).
+        threads: executor threads (see :func:`executor_threads`).
+        batch_size: samples per step (it sets the ops' durations).
+    """
+
+    def __init__(self, ops: list[Op], fetches: set[str], *, threads: int, batch_size: int):
+        self.ops = prune(ops, fetches)
+        self.fetches = fetches
+        self.threads = threads
+        self.batch_size = batch_size
+        self.consumers: dict[str, list[Op]] = collections.defaultdict(list)
+        self.waiting: dict[str, int] = {}      # op -> producers not yet ended
+        self._wire()
+        self.reads: collections.Counter = collections.Counter()   # readers not yet ended
+        for op in self.ops:
+            for t in set(op.inputs):
+                self.reads[t] += 1
+        self.readers = collections.Counter(self.reads)             # readers in all
+        self.holds: dict[str, list[int]] = {}   # live tensor -> the buffers it keeps alive
+        self.users: collections.Counter = collections.Counter()   # live tensors per buffer
+        self.buffers: list[Buffer] = []
+        self.ready = collections.deque(op for op in self.ops if self.waiting[op.name] == 0)
+        self.running: list = []                 # heap of (end time, order, op, scratch)
+        self.started: set[str] = set()
+        self.events: list[Event] = []
+        self.now = 0
+
+    def _wire(self) -> None:
+        """Who waits for whom: an op waits for the producers of its inputs and for its
+        control inputs."""
+        by_name = {op.name: op for op in self.ops}
+        producer = {t: op for op in self.ops for t, _, _ in op.outputs}
+        for op in self.ops:
+            deps = {producer[t].name for t in op.inputs if t in producer}
+            deps |= {c for c in op.controls if c in by_name}
+            self.waiting[op.name] = len(deps)
+            for d in deps:
+                self.consumers[d].append(op)
+
+    def play(self) -> list[Event]:
+        """Runs every op; returns the events in time order."""
+        while self.ready or self.running:
+            self.start_ready_ops()
+            if self.running:
+                self.finish_next()
+        return self.events
+
+    # -- an op starts ----------------------------------------------------------------------
+
+    def start_ready_ops(self) -> None:
+        """Free threads take the ready ops, in the order they became ready."""
+        while self.ready and len(self.running) < self.threads:
+            op = self.ready.popleft()
+            if op.name not in self.started:
+                self.started.add(op.name)
+                self.start(op)
+
+    def start(self, op: Op) -> None:
+        """``op`` starts: its outputs, its accumulators and its kernel scratch are
+        allocated; it runs until ``now`` + its duration."""
+        allocated: list[Buffer] = []
+        for i, (t, fixed, per) in enumerate(op.outputs):
+            if op.type in VIEWS:
+                self.share_input(op, i, t)
+            elif fixed or per:
+                taken = self.forwarded_input(op, fixed, per) if op.type in FORWARDING else None
+                self.hold(t, taken or [self.allocate(fixed, per, op.name, allocated)])
+        if op.extra != (0, 0):
+            self.keep_accumulators(op, allocated)
+        scratch = ([self.allocate(*op.inner, op.name, allocated)] if op.inner != (0, 0)
+                   else [])
+        if op.workspace != (0, 0, 0):
+            fixed, per, cap = op.workspace
+            scratch.append(self.allocate(fixed, per, op.name, allocated, cap=cap))
+        self.events.append(Event(op, allocated, []))
+        end = (self.now + op.cost[0] + op.cost[1] * self.batch_size if self.threads > 1
+               else self.now)
+        heapq.heappush(self.running, (end, len(self.events), op, scratch))
+
+    def share_input(self, op: Op, i: int, tensor: str) -> None:
+        """A view: output ``i`` keeps its input's buffers (nothing for a variable or a
+        tensor from outside the step)."""
+        source = op.inputs[i] if op.type == "IdentityN" else (
+            op.inputs[0] if op.inputs else None)
+        if source in self.holds:
+            self.hold(tensor, list(self.holds[source]))
+
+    def forwarded_input(self, op: Op, fixed: int, per: int) -> list[int] | None:
+        """The buffer of an input that ``op`` may write over in place: of its size, read
+        by ``op`` alone (with several readers, which one runs last depends on the
+        threads: TensorFlow forwards only when nobody else holds a reference), and not
+        returned by the step. Taken from that input; ``None`` when there is none."""
+        for t_in in op.inputs:
+            buffers = self.holds.get(t_in)
+            if (buffers and len(buffers) == 1 and self.readers[t_in] == 1
+                    and self.users[buffers[0]] == 1 and t_in not in self.fetches
+                    and self.buffers[buffers[0]].fixed == fixed
+                    and self.buffers[buffers[0]].per == per):
+                taken = self.holds.pop(t_in)      # written over in place
+                self.users[taken[0]] -= 1
+                return taken
+        return None
+
+    def keep_accumulators(self, op: Op, allocated: list[Buffer]) -> None:
+        """A While's accumulators (many tensors, one per time step): kept while its
+        outputs, the lists the backward pass reads, are."""
+        b = self.allocate(*op.extra, op.name, allocated, items=max(1, op.extra_items))
+        for t, _, _ in op.outputs:
+            self.holds.setdefault(t, []).append(b)
+            self.users[b] += 1
+
+    # -- an op ends ------------------------------------------------------------------------
+
+    def finish_next(self) -> None:
+        """The running op that ends first frees its thread."""
+        self.now, _, op, scratch = heapq.heappop(self.running)
+        self.finish(op, scratch)
+
+    def finish(self, op: Op, scratch: list[int]) -> None:
+        """``op`` ends: its scratch is freed, and its outputs nobody reads and its inputs
+        nobody will read any more are released; the ops waiting only for it are ready."""
+        freed: list[int] = list(scratch)
+        inputs = set(op.inputs)
+        for t in inputs:
+            self.reads[t] -= 1
+        for t in [t for t, _, _ in op.outputs] + list(inputs):
+            if self.reads[t] == 0 and t not in self.fetches:
+                self.release(t, freed)
+        self.events.append(Event(op, [], freed))
+        for c in self.consumers[op.name]:
+            self.waiting[c.name] -= 1
+            if self.waiting[c.name] == 0:
+                self.ready.append(c)
+
+    # -- buffers ---------------------------------------------------------------------------
+
+    def allocate(self, fixed: int, per: int, owner: str, allocated: list[Buffer], *,
+                 items: int = 0, cap: int = 0) -> int:
+        """A new buffer, recorded in ``allocated``; returns its id."""
+        b = Buffer(len(self.buffers), fixed, per, owner, items, cap)
+        self.buffers.append(b)
+        allocated.append(b)
+        return b.id
+
+    def hold(self, tensor: str, buffers: list[int]) -> None:
+        """``tensor`` is live and keeps ``buffers`` alive."""
+        self.holds[tensor] = buffers
+        for b in buffers:
+            self.users[b] += 1
+
+    def release(self, tensor: str, freed: list[int]) -> None:
+        """``tensor`` is dead: its buffers that no other live tensor keeps go to
+        ``freed``."""
+        for b in self.holds.pop(tensor, []):
+            self.users[b] -= 1
+            if self.users[b] == 0:
+                freed.append(b)
+
+
+@dataclasses.dataclass
+class Peak:
+    """The simulated peak of a training step at one batch size.
+
+    Attributes:
+        bytes: live tensor bytes at the peak (variables and the input batch excluded).
+        op: the op running when the peak was reached.
+        backward_bytes: of those, bytes of tensors produced by the backward pass
+            (gradients and their temporaries).
+        forward_bytes: bytes of tensors produced by the forward pass (activations kept
+            for the backward pass, and the loss).
+        by_layer: bytes at the peak per layer name (forward tensors, by producing op).
+        heap_bytes: the peak of live buffers small enough for glibc to serve from its
+            heap once the step has run (at most :data:`MMAP_THRESHOLD_MAX`, or the
+            largest buffer): memory glibc keeps after they are freed.
+        mmap_bytes: the peak of live larger buffers, which glibc maps and unmaps.
+    """
+
+    bytes: int
+    op: str
+    backward_bytes: int
+    forward_bytes: int
+    by_layer: dict[str, int]
+    heap_bytes: int = 0
+    mmap_bytes: int = 0
+
+
+def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
+         is_backward: Callable[[str], bool]) -> Peak:
+    """The peak of live bytes over ``events`` at ``batch_size``, and the peaks of the
+    buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
+
+    Args:
+        events: a play (:meth:`Executor.play`).
+        batch_size: samples per step.
+        mmap_threshold: glibc's mmap threshold in bytes when it is fixed (buffers of at
+            least this size are mapped); ``None``: glibc's dynamic threshold, which ends
+            at the largest buffer of the step (at most 32 MiB).
+        is_backward: whether a buffer made by the op of this name is the backward
+            pass's.
+    """
+    if mmap_threshold is None:
+        largest = max((tensor_bytes(b.fixed, b.per, b.cap, batch_size) for e in events
+                       for b in e.allocated if not b.items), default=0)
+        threshold = min(MMAP_THRESHOLD_MAX, largest)
+    else:
+        threshold = mmap_threshold - 1
+
+    def mapped_by_glibc(size: int, items: int) -> bool:
+        if items:       # an accumulator: many tensors, each its own allocation
+            return mmap_threshold is not None and size // items > threshold
+        return size > threshold
+
+    live: dict[int, tuple[int, str, bool]] = {}
+    total = heap = mapped = 0
+    best, best_at, best_live = -1, "", {}
+    heap_peak = mapped_peak = 0
+    for op, allocated, freed in events:
+        for b in allocated:
+            size = tensor_bytes(b.fixed, b.per, b.cap, batch_size)
+            is_mapped = mapped_by_glibc(size, b.items)
+            live[b.id] = (size, b.owner, is_mapped)
+            total += size
+            if is_mapped:
+                mapped += size
+            else:
+                heap += size
+        heap_peak = max(heap_peak, heap)
+        mapped_peak = max(mapped_peak, mapped)
+        if total > best:
+            best, best_at, best_live = total, op.name, dict(live)
+        for b_id in freed:
+            size, _, is_mapped = live.pop(b_id)
+            total -= size
+            if is_mapped:
+                mapped -= size
+            else:
+                heap -= size
+    backward = forward = 0
+    by_layer: dict[str, int] = collections.defaultdict(int)
+    for size, name, _ in best_live.values():
+        if is_backward(name):
+            backward += size
+        else:
+            forward += size
+            by_layer[name] += size
+    return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
+                forward_bytes=forward, by_layer=dict(by_layer), heap_bytes=heap_peak,
+                mmap_bytes=mapped_peak)
