@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from memfit.cli import (
     verify_cmd,
     watch_cmd,
 )
+from memfit.cli.common import silence_stdout
 from memfit.errors import MemfitError
 from memfit.quiet import quieted
 
@@ -85,9 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`memfit inspect DIR | head -1`): stop quietly, as a
         # shell tool does, and point stdout at /dev/null so that the flush at exit does
         # not complain again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        silence_stdout()
         return 128 + signal.SIGPIPE
 
 

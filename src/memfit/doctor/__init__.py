@@ -19,23 +19,9 @@ Example:
     >>> print(result)                                               # doctest: +SKIP
 """
 
-from typing import Any
+from memfit.doctor.facts import Facts, Finding
+from memfit.doctor.findings import diagnose
+from memfit.doctor.report import DoctorResult
+from memfit.doctor.run import doctor
 
 __all__ = ["doctor", "DoctorResult", "Finding", "Facts", "diagnose"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "doctor":
-        from memfit.doctor.run import doctor
-
-        return doctor
-    if name == "DoctorResult":
-        from memfit.doctor.report import DoctorResult
-
-        return DoctorResult
-    if name in ("Finding", "Facts", "diagnose"):
-        from memfit.doctor import findings
-
-        return getattr(findings, name)
-    raise AttributeError(f"module 'memfit.doctor' has no attribute {name!r}")
-
