@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import memfit
-from memfit.data.arrays import ArraysManifest, ArraysPlan
+from memfit.data.arrays_format import ArraysManifest
+from memfit.data.arrays_reader import ArraysPlan
 from memfit.data.manifest import MANIFEST
 from memfit.errors import DatasetError
 from tests.data.helpers import small_arrays

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import blocks, records
+from memfit.data import block_layout, blocks, records
 from memfit.data.manifest import Feature, Manifest
 from memfit.data.records import encode_example, frame
 from memfit.errors import CorruptShardError
@@ -39,7 +39,7 @@ def damaged(tmp_path):
     memfit.pack(small_arrays(400), path, shards=2, samples_per_record=10, progress=False)
     m = Manifest.load(path)
     shard = m.splits["train"].shards[0]
-    full = blocks.record_layout(list(m.features.values()), 10).frame_bytes
+    full = block_layout.record_layout(list(m.features.values()), 10).frame_bytes
     return path, m.path / shard.file, full
 
 
@@ -193,7 +193,7 @@ def test_shuffle_mixes_shards_within_batches(packed):
 def test_record_layout_matches_what_pack_writes():
     feats = [Feature("x", "float32", (2, 3)), Feature("y", "int64", ())]
     for n in (1, 5, 100):
-        lay = blocks.record_layout(feats, n)
+        lay = block_layout.record_layout(feats, n)
         x = np.arange(n * 6, dtype="<f4").tobytes()
         y = np.arange(n, dtype="<i8").tobytes()
         framed = frame(encode_example({"x": x, "y": y}))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import memfit
+from memfit.data import pack_shards
 from memfit.data.manifest import MANIFEST, Manifest
 from memfit.errors import DatasetError
 from tests.data.helpers import by_id, read_all, small_arrays
@@ -202,7 +203,7 @@ def test_interrupted_pack_resumes_and_keeps_verified_shards(tmp_path, monkeypatc
     arrays = small_arrays(1600)
     reference = memfit.pack(arrays, tmp_path / "ref", shards=8, samples_per_record=16,
                             progress=False)
-    real = pack_module._write_indexed_shard
+    real = pack_shards.write_shard
     calls = []
 
     def flaky(*args, **kwargs):
@@ -211,10 +212,10 @@ def test_interrupted_pack_resumes_and_keeps_verified_shards(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pack_module, "_write_indexed_shard", flaky)
+    monkeypatch.setattr(pack_shards, "write_shard", flaky)
     with pytest.raises(KeyboardInterrupt):
         memfit.pack(arrays, tmp_path / "d", shards=8, samples_per_record=16, progress=False)
-    monkeypatch.setattr(pack_module, "_write_indexed_shard", real)
+    monkeypatch.setattr(pack_shards, "write_shard", real)
     with pytest.raises(DatasetError, match="interrupted"):
         Manifest.load(tmp_path / "d")                       # nothing looks complete
     assert not any(".tmp-" in n for n in _ls(tmp_path / "d"))

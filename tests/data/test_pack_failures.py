@@ -2,7 +2,6 @@
 half-written output after bad input or a full disk, and never a directory it did not make."""
 
 import errno
-import importlib
 import json
 import os
 import subprocess
@@ -12,11 +11,11 @@ import numpy as np
 import pytest
 
 import memfit
+from memfit.data import arrays_pack, pack_shards
 from memfit.data.manifest import MANIFEST, Manifest
+from memfit.data.pack_output import STATE
 from memfit.errors import DatasetError
 from tests.data.helpers import small_arrays
-
-pack_module = importlib.import_module("memfit.data.pack")   # the module, not the function
 
 
 def _ls(path):
@@ -31,7 +30,7 @@ def _dead_pid():
 
 def _interrupted(arrays, out, after, **kw):
     """A pack stopped (as by Ctrl-C) after ``after`` shards were written."""
-    real, calls = pack_module._write_indexed_shard, []
+    real, calls = pack_shards.write_shard, []
 
     def flaky(*args, **kwargs):
         calls.append(1)
@@ -39,12 +38,12 @@ def _interrupted(arrays, out, after, **kw):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    pack_module._write_indexed_shard = flaky
+    pack_shards.write_shard = flaky
     try:
         with pytest.raises(KeyboardInterrupt):
             memfit.pack(arrays, out, progress=False, **kw)
     finally:
-        pack_module._write_indexed_shard = real
+        pack_shards.write_shard = real
 
 
 def test_rerun_after_a_kill_removes_the_killed_packs_temporary_shard(tmp_path):
@@ -88,7 +87,7 @@ def test_kill_inside_the_first_shard_or_before_the_state_is_removed_resumes(tmp_
             memfit.pack(arrays, out, progress=False, **kw)
     finally:
         Manifest.save = real
-    assert pack_module.STATE in _ls(out) and MANIFEST in _ls(out)
+    assert STATE in _ls(out) and MANIFEST in _ls(out)
     r = memfit.pack(arrays, out, progress=False, **kw)
     assert r.kept_shards == 4 and _ls(out) == _ls(ref) and memfit.verify(out).ok
 
@@ -145,8 +144,7 @@ def test_output_under_a_regular_file_is_refused_clearly(tmp_path):
 @pytest.mark.parametrize("fmt", ["tfrecord", "arrays"])
 def test_a_full_disk_is_reported_and_leaves_nothing(tmp_path, monkeypatch, fmt):
     calls = []
-    writer = pack_module._ShardWriter if fmt == "tfrecord" else \
-        importlib.import_module("memfit.data.arrays")._NpyWriter
+    writer = pack_shards.ShardWriter if fmt == "tfrecord" else arrays_pack.NpyWriter
     real = writer.write
 
     def full(self, data):

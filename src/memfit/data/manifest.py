@@ -8,6 +8,7 @@ the shards with plain TensorFlow (see :meth:`Manifest.tf_feature_spec`):
     >>> m = Manifest.load("data/train")                             # doctest: +SKIP
     >>> ds = tf.data.TFRecordDataset(m.files("train"))              # doctest: +SKIP
     >>> ds = ds.batch(8).map(lambda r: tf.io.parse_example(r, m.tf_feature_spec()))
+    ...                                                             # doctest: +SKIP
 
 Layout of one record: a block of up to ``samples_per_record`` consecutive samples; each
 feature is one ``bytes_list`` value with the block's values (C order, little-endian) —
@@ -22,17 +23,20 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from memfit import checks
 from memfit.atomic import write_text_atomic
 from memfit.data.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 
-__all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestSchema", "MANIFEST", "FORMAT",
-           "FORMAT_VERSION", "SUPPORTED_DTYPES", "shard_name"]
+__all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestBase", "ManifestSchema",
+           "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES", "check_dtype",
+           "manifest_file", "shard_name"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
@@ -40,6 +44,34 @@ FORMAT_VERSION = 1
 # Dtypes that tf.io.decode_raw can turn back into tensors.
 SUPPORTED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
                     "int64", "float16", "float32", "float64", "complex64", "complex128")
+
+
+def check_dtype(name: str, dtype: Any, where: str = "") -> str:
+    """The name of ``dtype`` when memfit can store it, else an error naming the feature.
+
+    Example:
+        >>> check_dtype("x", np.float32)
+        'float32'
+
+    Args:
+        name: the feature; dtype: its dtype; where: said after the name (e.g. its file).
+    """
+    dtype = np.dtype(dtype)
+    if dtype.name not in SUPPORTED_DTYPES:
+        kind = {"O": "Python objects", "U": "unicode strings", "S": "byte strings",
+                "V": "structured records", "M": "datetimes", "m": "timedeltas"}.get(dtype.kind)
+        what = f" ({kind})" if kind else ""
+        raise DatasetError(
+            f"Feature {name!r}{where} has dtype {dtype}{what}, which memfit cannot store. "
+            f"Convert it to one of {', '.join(SUPPORTED_DTYPES)} (e.g. encode strings as "
+            f"integer ids). Received: {name}.dtype={dtype}")
+    return dtype.name
+
+
+def manifest_file(path: str | os.PathLike) -> Path:
+    """``PATH/manifest.json``, or ``PATH`` itself when it names the manifest."""
+    p = Path(path)
+    return p if p.name == MANIFEST else p / MANIFEST
 
 
 def shard_name(split: str, index: int, count: int, compression: str | None) -> str:
@@ -108,8 +140,48 @@ class Split:
         return sum(s.bytes for s in self.shards)
 
 
+S = TypeVar("S")
+
+
+class ManifestBase(Generic[S]):
+    """What both manifest formats (TFRecord shards, :class:`Manifest`; ``.npy`` arrays,
+    :class:`~memfit.data.arrays_format.ArraysManifest`) share: splits by name, their
+    totals, and saving (the subclass is a frozen dataclass with ``splits``, ``path`` and
+    ``to_json()``)."""
+
+    splits: dict[str, S]
+    path: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.splits.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.splits.values())
+
+    def split(self, name: str | None) -> S:
+        """The split called ``name``; ``None`` means the only split there is."""
+        if name is None:
+            if len(self.splits) == 1:
+                return next(iter(self.splits.values()))
+            raise ValueError(f"This dataset has several splits; choose one with "
+                             f"split=... from {sorted(self.splits)}. Received: split=None")
+        if name not in self.splits:
+            raise ValueError(f"No split {name!r} in {self.path}: it has {sorted(self.splits)}. "
+                             f"Received: split={name!r}")
+        return self.splits[name]
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Writes ``DIRECTORY/manifest.json`` (atomically: whole or not at all)."""
+        write_text_atomic(Path(directory) / MANIFEST, json.dumps(self.to_json(), indent=1))
+
+
 @dataclasses.dataclass(frozen=True)
-class Manifest:
+class Manifest(ManifestBase[Split]):
     """The description of a packed dataset (see the module docstring for the layout)."""
 
     features: dict[str, Feature]
@@ -126,26 +198,6 @@ class Manifest:
     fingerprint: str = ""
 
     # -- reading -------------------------------------------------------------------------
-    @property
-    def samples(self) -> int:
-        return sum(s.samples for s in self.splits.values())
-
-    @property
-    def bytes(self) -> int:
-        return sum(s.bytes for s in self.splits.values())
-
-    def split(self, name: str | None) -> Split:
-        """The split called ``name``; ``None`` means the only split there is."""
-        if name is None:
-            if len(self.splits) == 1:
-                return next(iter(self.splits.values()))
-            raise ValueError(f"This dataset has several splits; choose one with "
-                             f"split=... from {sorted(self.splits)}. Received: split=None")
-        if name not in self.splits:
-            raise ValueError(f"No split {name!r} in {self.path}: it has {sorted(self.splits)}. "
-                             f"Received: split={name!r}")
-        return self.splits[name]
-
     def files(self, split: str | None = None) -> list[str]:
         """Absolute paths of the shards of a split, in their stored order."""
         base = self.path or Path(".")
@@ -194,9 +246,6 @@ class Manifest:
                        "'<name>/lengths' (int64_list) gives each sample's first dimension."),
         }
 
-    def save(self, directory: str | os.PathLike) -> None:
-        write_text_atomic(Path(directory) / MANIFEST, json.dumps(self.to_json(), indent=1))
-
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Manifest:
         """Reads ``DIRECTORY/manifest.json`` (or a path to the manifest itself).
@@ -208,16 +257,7 @@ class Manifest:
         Raises:
             DatasetError: if there is no complete memfit dataset there.
         """
-        path = Path(directory)
-        file = path if path.name == MANIFEST else path / MANIFEST
-        if not file.exists():
-            hint = (" It holds shards but no manifest: the pack was interrupted; rerun the "
-                    "same pack command to finish it." if path.is_dir()
-                    and any(path.glob("*.tfrecord*")) else "")
-            raise DatasetError(f"No memfit dataset at {str(path)!r}: {MANIFEST} is missing."
-                               f"{hint}")
-        schema = ManifestSchema(file)
-        doc = schema.document(FORMAT, FORMAT_VERSION)
+        schema, doc = ManifestSchema.open(directory, FORMAT, FORMAT_VERSION, hint=_interrupted)
         features = schema.features(doc)
         splits = {}
         listed = schema.mapping(schema.field(doc, "splits"), "splits", nonempty=True)
@@ -252,11 +292,14 @@ class Manifest:
             raise schema.error("compression", compression, "null, \"GZIP\" or \"ZLIB\"")
         return cls(features=features, splits=splits,
                    samples_per_record=schema.count(doc, "samples_per_record", positive=True),
-                   compression=compression, seed=schema.count(doc, "seed"),
-                   shuffled=schema.flag(doc, "shuffled"),
-                   memfit_version=schema.text(doc, "memfit_version"),
-                   source=schema.text(doc, "source", default=""), path=file.parent,
-                   fingerprint=schema.text(doc, "fingerprint", default=""))
+                   compression=compression, **schema.common(doc))
+
+
+def _interrupted(path: Path) -> str:
+    """What a directory without a manifest holds, when it is an interrupted pack."""
+    return (" It holds shards but no manifest: the pack was interrupted; rerun the same "
+            "pack command to finish it." if path.is_dir() and any(path.glob("*.tfrecord*"))
+            else "")
 
 
 class ManifestSchema:
@@ -273,6 +316,35 @@ class ManifestSchema:
 
     def __init__(self, file: str | os.PathLike):
         self.file = Path(file)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, fmt: str, version: int, *,
+             hint: Callable[[Path], str] | None = None) -> tuple[ManifestSchema, dict[str, Any]]:
+        """The schema of ``DIRECTORY/manifest.json`` (or of that file) and its document.
+
+        Args:
+            directory: the dataset directory, or its manifest.
+            fmt, version: the format this memfit reads, and its newest version.
+            hint: what to add to the error when the manifest is missing, from the path.
+
+        Raises:
+            DatasetError: if there is no manifest of that format there.
+        """
+        path = Path(directory)
+        file = manifest_file(path)
+        if not file.exists():
+            raise DatasetError(f"No memfit dataset at {str(path)!r}: {MANIFEST} is missing."
+                               f"{hint(path) if hint is not None else ''}")
+        schema = cls(file)
+        return schema, schema.document(fmt, version)
+
+    def common(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The fields every manifest has besides its features and splits, checked, as
+        keyword arguments of the manifest (its ``path`` too)."""
+        return dict(seed=self.count(doc, "seed"), shuffled=self.flag(doc, "shuffled"),
+                    memfit_version=self.text(doc, "memfit_version"),
+                    source=self.text(doc, "source", default=""), path=self.file.parent,
+                    fingerprint=self.text(doc, "fingerprint", default=""))
 
     def error(self, where: str, value: Any, want: str) -> DatasetError:
         """The error for field ``where`` holding ``value`` instead of ``want``."""
@@ -324,7 +396,7 @@ class ManifestSchema:
               positive: bool = False) -> int:
         """``doc[key]`` checked to be a non-negative (or positive) integer."""
         value = self.field(doc, key, where)
-        if isinstance(value, bool) or not isinstance(value, int) or value < int(positive):
+        if not _passes(checks.count, value, minimum=int(positive)):
             name = f"{where}.{key}" if where else key
             raise self.error(name, value, "a positive integer" if positive
                              else "a non-negative integer")
@@ -338,7 +410,7 @@ class ManifestSchema:
 
     def flag(self, doc: dict[str, Any], key: str, where: str = "") -> bool:
         value = self.field(doc, key, where)
-        if not isinstance(value, bool):
+        if not _passes(checks.flag, value):
             raise self.error(f"{where}.{key}" if where else key, value, "true or false")
         return value
 
@@ -369,7 +441,7 @@ class ManifestSchema:
             shape = self.field(f, "shape", where)
             ok = isinstance(shape, list) and all(
                 (d is None and i == 0 and variable)
-                or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
+                or _passes(checks.count, d)
                 for i, d in enumerate(shape))
             if not ok:
                 raise self.error(f"{where}.shape", shape,
@@ -377,6 +449,16 @@ class ManifestSchema:
                                  + (" (the first may be null)" if variable else ""))
             out[name] = Feature(name, dtype, tuple(shape))
         return out
+
+
+def _passes(check: Callable[..., Any], value: Any, **rules: Any) -> bool:
+    """Whether ``value`` passes one of :mod:`memfit.checks` (the rule for that kind of
+    value everywhere in memfit); the schema words its own error, naming the field."""
+    try:
+        check("value", value, **rules)
+    except ValueError:
+        return False
+    return True
 
 
 def _jsonable(value: Any) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import itertools
-import mmap
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -24,25 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.manifest import SUPPORTED_DTYPES, Feature
+from memfit.data.buffers import release_pages
+from memfit.data.manifest import Feature, check_dtype
 from memfit.errors import DatasetError
 
 __all__ = ["ArraySource", "StreamSource", "open_source", "csv_to_npy"]
 
 Columns = dict[str, Any]   # feature name → ndarray (fixed) or list of ndarrays (variable)
-
-
-def _check_dtype(name: str, dtype: np.dtype, where: str = "") -> str:
-    dtype = np.dtype(dtype)
-    if dtype.name not in SUPPORTED_DTYPES:
-        kind = {"O": "Python objects", "U": "unicode strings", "S": "byte strings",
-                "V": "structured records", "M": "datetimes", "m": "timedeltas"}.get(dtype.kind)
-        what = f" ({kind})" if kind else ""
-        raise DatasetError(
-            f"Feature {name!r}{where} has dtype {dtype}{what}, which memfit cannot store. "
-            f"Convert it to one of {', '.join(SUPPORTED_DTYPES)} (e.g. encode strings as "
-            f"integer ids). Received: {name}.dtype={dtype}")
-    return dtype.name
 
 
 def _row_array(name: str, row: Any, index: int) -> np.ndarray:
@@ -92,7 +79,7 @@ class ArraySource:
             if arr.ndim == 0:
                 raise DatasetError(f"Feature {name!r} is a scalar, not an array of samples "
                                    f"(first dimension = samples). Received: {name}={arr!r}")
-            dtype = _check_dtype(name, arr.dtype)
+            dtype = check_dtype(name, arr.dtype)
             if 0 in arr.shape[1:]:
                 raise DatasetError(f"Feature {name!r} has an empty sample shape "
                                    f"{arr.shape[1:]}. Received: {name}.shape={arr.shape}")
@@ -119,7 +106,7 @@ class ArraySource:
                 f"--variable {name} on the command line) or pad the rows to one shape.")
         arr = np.asarray(rows)
         if arr.dtype == object:
-            _check_dtype(name, arr.dtype)
+            check_dtype(name, arr.dtype)
         return arr
 
     @staticmethod
@@ -130,7 +117,7 @@ class ArraySource:
         if first.ndim == 0:
             raise DatasetError(f"Variable feature {name!r} needs rows of at least one "
                                f"dimension; row 0 is a scalar: {rows[0]!r}")
-        dtype = _check_dtype(name, first.dtype)
+        dtype = check_dtype(name, first.dtype)
         inner = first.shape[1:]
         for i, row in enumerate(rows):
             arr = _row_array(name, row, i)
@@ -158,10 +145,7 @@ class ArraySource:
 
     def release_pages(self) -> None:
         """Drops the page cache mapped by memory-mapped columns (bounds file-backed RSS)."""
-        for col in self.columns.values():
-            mm = getattr(col, "_mmap", None)
-            if isinstance(mm, mmap.mmap) and hasattr(mm, "madvise"):
-                mm.madvise(mmap.MADV_DONTNEED)
+        release_pages(self.columns.values())
 
     def fingerprint(self) -> str:
         """Identifies the content cheaply: paths with size and mtime, else shapes and a hash
@@ -216,7 +200,7 @@ class StreamSource:
         self.features: dict[str, Feature] = {}
         for name, value in first.items():
             arr = _row_array(name, value, 0)
-            dtype = _check_dtype(name, arr.dtype)
+            dtype = check_dtype(name, arr.dtype)
             if name in variable:
                 if arr.ndim == 0:
                     raise DatasetError(f"Variable feature {name!r} needs at least one "

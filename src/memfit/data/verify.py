@@ -22,7 +22,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from memfit.data import arrays
+from memfit.data.arrays_format import FORMAT as ARRAYS
+from memfit.data.arrays_format import ArraysManifest, is_arrays_source, manifest_format, open_npy
 from memfit.data.manifest import Manifest, Shard
 from memfit.data.records import RecordError, iter_records
 from memfit.sizes import format_size
@@ -33,10 +34,10 @@ __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
 def _kind(path: str | os.PathLike) -> str:
     """``"tfrecord"``, ``"arrays"`` (a memfit-arrays directory) or ``"npy"`` (plain .npy
     files without a manifest)."""
-    fmt = arrays.manifest_format(path)
-    if fmt == arrays.FORMAT:
+    fmt = manifest_format(path)
+    if fmt == ARRAYS:
         return "arrays"
-    if fmt is None and arrays.is_arrays_source(path):
+    if fmt is None and is_arrays_source(path):
         return "npy"
     return "tfrecord"
 
@@ -57,7 +58,7 @@ def total_bytes(path: str | os.PathLike) -> int:
     """
     kind = _kind(path)
     if kind == "arrays":
-        return arrays.ArraysManifest.load(path).bytes
+        return ArraysManifest.load(path).bytes
     if kind == "npy":
         return sum(f.stat().st_size for f in _plain_npy(path).values() if f.is_file())
     return Manifest.load(path).bytes
@@ -69,7 +70,7 @@ def _shape(shape: tuple) -> str:
 
 
 def _inspect_arrays(path: str | os.PathLike) -> str:
-    m = arrays.ArraysManifest.load(path)
+    m = ArraysManifest.load(path)
     lines = [f"memfit arrays dataset {m.path} (.npy files, memory-mapped when read)",
              f"  {m.samples:,} samples, {format_size(m.bytes)} on disk in {m.file_count} .npy "
              f"files, seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
@@ -94,7 +95,7 @@ def _inspect_npy(path: str | os.PathLike) -> str:
     width = max([len(n) for n in files] + [1])
     for name, f in files.items():
         try:
-            a = arrays.open_npy(name, f)
+            a = open_npy(name, f)
             lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} samples of "
                          f"{_shape(a.shape[1:]):<16} {format_size(f.stat().st_size):>11}")
         except ValueError as e:
@@ -284,7 +285,7 @@ def verify(path: str | os.PathLike,
 
 def _verify_arrays(path: str | os.PathLike,
                    progress: Callable[[int], None] | None) -> VerifyReport:
-    m = arrays.ArraysManifest.load(path)
+    m = ArraysManifest.load(path)
     report = VerifyReport(path=m.path, kind="arrays")
     for split in m.splits.values():
         for name, entry in split.files.items():
@@ -308,7 +309,7 @@ def _verify_arrays(path: str | os.PathLike,
                                                "sha256 does not match the manifest"))
             f_ = m.features[name]
             try:
-                arr = arrays.open_npy(name, file)
+                arr = open_npy(name, file)
                 expected = (split.samples, *f_.shape)
                 if arr.dtype.name != f_.dtype or tuple(arr.shape) != expected:
                     report.problems.append(Problem(
@@ -332,7 +333,7 @@ def _verify_npy(path: str | os.PathLike,
         size = file.stat().st_size if file.is_file() else 0
         report.bytes += size
         try:
-            lengths[name] = len(arrays.open_npy(name, file))
+            lengths[name] = len(open_npy(name, file))
         except ValueError as e:
             report.problems.append(Problem(file.name, None, str(e)))
         if progress is not None:

@@ -1,0 +1,281 @@
+"""What both packers share (the TFRecord shards of :mod:`memfit.data.pack_shards` and the
+``.npy`` files of :mod:`memfit.data.arrays_pack`): the options of a pack, checked in one
+place (:class:`PackOptions`), the samples each split gets (:func:`split_order`, one
+seeded permutation), files written under a temporary name with their sha256
+(:class:`HashingWriter`), and the progress bar.
+
+Example:
+    >>> options = PackOptions.of(split="train=0.75,val=0.25", seed=1)
+    >>> order, splits = split_order(8, options)
+    >>> [(name, len(idx)) for name, idx in splits]
+    [('train', 6), ('val', 2)]
+    >>> sorted(np.concatenate([idx for _, idx in splits]).tolist()) == list(range(8))
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memfit import checks
+from memfit.atomic import discard, temporary_name
+from memfit.data.sources import ArraySource, StreamSource
+from memfit.errors import DatasetError
+from memfit.sizes import parse_size
+
+__all__ = ["PackOptions", "HashingWriter", "CHUNK_BYTES", "parse_split", "split_counts",
+           "check_split_counts", "split_order", "progress_bar"]
+
+CHUNK_BYTES = 32 * 2**20        # bytes of rows read from a source at once
+
+
+@dataclasses.dataclass(frozen=True)
+class PackOptions:
+    """How ``memfit.pack`` writes a dataset, checked (:meth:`of`).
+
+    Attributes:
+        format: ``"tfrecord"`` or ``"arrays"``.
+        shards, shard_bytes: shards per split, or the target bytes of one (``None``:
+            memfit's default); samples_per_record: samples a record (``None``: ~256 KiB).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        split: split name → fraction of the samples (``None``: one split, ``train``).
+        seed: seeds the shuffle and the split; shuffle: write in a seeded shuffle order.
+        workers: processes (or threads) writing shards.
+        variable: features whose first dimension varies.
+        buffer_bytes: the shuffle buffer of an iterable source.
+    """
+
+    format: str = "tfrecord"
+    shards: int | None = None
+    shard_bytes: int | None = None
+    samples_per_record: int | None = None
+    compression: str | None = None
+    split: dict[str, float] | None = None
+    seed: int = 0
+    shuffle: bool = True
+    workers: int = 1
+    variable: tuple[str, ...] = ()
+    buffer_bytes: int = 256 * 2**20
+
+    @classmethod
+    def of(cls, *, shards: Any = None, shard_size: Any = None, samples_per_record: Any = None,
+           compression: Any = None, split: Any = None, seed: Any = 0, shuffle: Any = True,
+           workers: Any = 1, variable: Iterable[str] = (), shuffle_buffer: Any = "256MiB",
+           format: Any = "tfrecord") -> PackOptions:
+        """The options of ``memfit.pack``'s arguments of the same names, checked.
+
+        Raises:
+            DatasetError: naming the argument and its value, before anything is written.
+        """
+        try:
+            return cls._of(shards=shards, shard_size=shard_size, k=samples_per_record,
+                           compression=compression, split=split, seed=seed, shuffle=shuffle,
+                           workers=workers, variable=tuple(variable),
+                           shuffle_buffer=shuffle_buffer, format=format)
+        except DatasetError:
+            raise
+        except ValueError as e:                    # memfit.checks: bad input to pack
+            raise DatasetError(str(e)) from None
+
+    @classmethod
+    def _of(cls, *, shards: Any, shard_size: Any, k: Any, compression: Any, split: Any,
+            seed: Any, shuffle: Any, workers: Any, variable: tuple[str, ...],
+            shuffle_buffer: Any, format: Any) -> PackOptions:
+        if shards is not None and shard_size is not None:
+            raise DatasetError(f"Give shards or shard_size, not both. Received: "
+                               f"shards={shards!r}, shard_size={shard_size!r}")
+        shards = checks.count("shards", shards, optional=True)
+        shard_bytes = parse_size(shard_size, name="shard_size") if shard_size is not None \
+            else None
+        if shard_bytes is not None and shard_bytes < 1:
+            raise DatasetError(f"shard_size must be positive. Received: shard_size={shard_size!r}")
+        compression = _compression(compression)
+        k = checks.count("samples_per_record", k, optional=True, example=64)
+        workers = checks.count("workers", workers)
+        seed = checks.count("seed", seed, minimum=0)
+        checks.choice("format", format, ("tfrecord", "arrays"))
+        if format == "arrays":
+            _only_tfrecord(shards=shards, shard_size=shard_size, samples_per_record=k,
+                           compression=compression, variable=list(variable), workers=workers)
+        return cls(format=format, shards=shards, shard_bytes=shard_bytes, samples_per_record=k,
+                   compression=compression, split=parse_split(split), seed=seed,
+                   shuffle=checks.flag("shuffle", shuffle), workers=workers, variable=variable,
+                   buffer_bytes=parse_size(shuffle_buffer, name="shuffle_buffer"))
+
+    @property
+    def fractions(self) -> dict[str, float]:
+        """Split name → fraction of the samples (``{"train": 1.0}`` without splits)."""
+        return {"train": 1.0} if self.split is None else self.split
+
+    def fingerprint(self, src: ArraySource | StreamSource) -> str | None:
+        """What this pack packs (the source's identity and the options), recorded in its
+        state and manifest: a rerun of the same pack resumes it, or finds it complete.
+        ``None`` for an iterable: a rerun cannot tell it is the same data."""
+        if not isinstance(src, ArraySource):
+            return None
+        options = dict(shards=self.shards, shard_bytes=self.shard_bytes,
+                       k=self.samples_per_record, compression=self.compression,
+                       split=self.split, seed=self.seed, shuffle=self.shuffle,
+                       features={n: f.to_json() for n, f in src.features.items()})
+        if self.format == "arrays":
+            options["format"] = "arrays"
+        return hashlib.sha256((src.fingerprint() + json.dumps(options, sort_keys=True)
+                               ).encode()).hexdigest()
+
+
+def _compression(compression: Any) -> str | None:
+    if compression is None:
+        return None
+    compression = str(compression).upper()
+    if compression in ("", "NONE"):
+        return None
+    if compression not in ("GZIP", "ZLIB"):
+        raise DatasetError(f"compression must be None, 'GZIP' or 'ZLIB'. "
+                           f"Received: compression={compression!r}")
+    return compression
+
+
+def _only_tfrecord(**given: Any) -> None:
+    """Refuses the options format="arrays" has no use for."""
+    extra = {k: v for k, v in given.items()
+             if not (v is None or (k == "variable" and not v) or (k == "workers" and v == 1))}
+    if extra:
+        listed = ", ".join(f"{k}={v!r}" for k, v in extra.items())
+        raise DatasetError(f"{', '.join(extra)} apply to format='tfrecord' only; "
+                           f"format='arrays' writes one .npy file per split and feature. "
+                           f"Received: {listed}")
+
+
+def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | None:
+    """Parses ``"train=0.9,val=0.1"`` (or a dict) into fractions that sum to 1.
+
+    Example:
+        >>> parse_split("train=0.9,val=0.1")
+        {'train': 0.9, 'val': 0.1}
+    """
+    if split is None:
+        return None
+    if isinstance(split, str):
+        parts = {}
+        for item in split.split(","):
+            name, sep, value = item.partition("=")
+            try:
+                if not sep:
+                    raise ValueError
+                parts[name.strip()] = float(value)
+            except ValueError:
+                raise DatasetError(f"split must look like 'train=0.9,val=0.1'. "
+                                   f"Received: split={split!r}") from None
+        split = parts
+    split = dict(split)
+    bad = [n for n, v in split.items() if not n or "/" in n or "-" in n or not 0 < v <= 1]
+    total = sum(split.values())
+    if bad or not split or abs(total - 1) > 1e-6:
+        raise DatasetError(f"split needs names without '-' or '/' and fractions in (0, 1] "
+                           f"that sum to 1 (they sum to {total:g}). Received: split={split}")
+    return split
+
+
+def split_counts(n: int, split: dict[str, float]) -> dict[str, int]:
+    """Samples per split: ``n * fraction`` rounded down, the samples left over going to
+    the largest remainders.
+
+    Example:
+        >>> split_counts(10, {"train": 0.84, "val": 0.16})
+        {'train': 8, 'val': 2}
+    """
+    raw = {k: n * v for k, v in split.items()}
+    counts = {k: int(math.floor(v)) for k, v in raw.items()}
+    short = n - sum(counts.values())          # largest remainders get the leftover samples
+    for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[:short]:
+        counts[k] += 1
+    return counts
+
+
+def check_split_counts(n: int, options: PackOptions) -> dict[str, int]:
+    """:func:`split_counts`; a split that gets no sample is an error."""
+    counts = split_counts(n, options.fractions)
+    for name, count in counts.items():
+        if count == 0:
+            raise DatasetError(f"split {name!r} gets no samples out of {n}; use fewer splits or "
+                               f"more data. Received: split={options.split}")
+    return counts
+
+
+def split_order(n: int, options: PackOptions) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:
+    """The samples each split gets, in the order they are written: a permutation seeded
+    by ``options.seed`` (when shuffling or splitting) cut into the splits' counts, each
+    split's samples in that shuffled order (else sorted: source order).
+
+    Returns:
+        ``(the permutation, [(split, its sample indices)])``.
+    """
+    rng = np.random.default_rng(options.seed)
+    order = rng.permutation(n) if (options.shuffle or options.split) else np.arange(n)
+    splits = []
+    start = 0
+    for name, count in check_split_counts(n, options).items():
+        idx = order[start:start + count]
+        splits.append((name, idx if options.shuffle else np.sort(idx)))
+        start += count
+    return order, splits
+
+
+def progress_bar(total: int | None, enabled: bool, what: str) -> Any:
+    """A tqdm bar of samples on stderr (disabled: does nothing)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, unit=" samples", unit_scale=True,
+                desc=what, dynamic_ncols=True, leave=False)
+
+
+class HashingWriter:
+    """A file written under a temporary name (``.tmp-<pid>-<name>``), hashing the bytes
+    that land on disk, renamed into place when complete (:meth:`commit`) or deleted
+    (:meth:`abandon`): a reader never sees half a file under its final name.
+
+    Example:
+        >>> import tempfile
+        >>> w = HashingWriter(Path(tempfile.mkdtemp()) / "a.bin")
+        >>> w.write(b"memfit"), w.commit()[:12], w.path.read_bytes()
+        (6, '294850f9e395', b'memfit')
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = temporary_name(path)
+        self._file = open(self.tmp, "wb")
+        self._sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: Any) -> int:
+        """Writes ``data`` (bytes or a buffer); returns its size (a file-like sink)."""
+        self._sha.update(data)
+        self._file.write(data)
+        size = memoryview(data).nbytes
+        self.bytes += size
+        return size
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def commit(self) -> str:
+        """Syncs the file and renames it into place; returns its sha256."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp, self.path)
+        return self._sha.hexdigest()
+
+    def abandon(self) -> None:
+        """Closes and deletes the temporary file."""
+        discard(self._file, self.tmp)

@@ -1,0 +1,168 @@
+"""What a reader chose from the memory budget: the :class:`Plan` every reader's
+``memfit.dataset`` returns as ``ds.memfit_plan``, and the steps every plan goes through.
+
+- :class:`Plan`: what every reader's plan tells (batches, samples, bytes, order); the
+  pipeline's common tail (:func:`memfit.data.pipeline.finish`) reads it.
+- :class:`DatasetPlan`: the plan of packed TFRecord shards, read by memfit's block
+  reader (:mod:`memfit.data.block_plan` sizes it) or by ``tf.data``'s TFRecord reader
+  (:mod:`memfit.data.tf_reader`). ``.npy`` sources have
+  :class:`~memfit.data.arrays_reader.ArraysPlan`.
+- :func:`settle_plan`: refuses a plan with no batch, caps glibc's arenas, logs the plan.
+
+Example:
+    >>> steps_per_epoch(1000, 256, drop_remainder=False), steps_per_epoch(1000, 256, True)
+    (4, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import Protocol, TypeVar
+
+from memfit.sizes import format_size
+
+__all__ = ["Plan", "DatasetPlan", "MAX_CYCLE", "MAX_PREFETCH", "settle_plan",
+           "steps_per_epoch", "plan_summary"]
+
+log = logging.getLogger("memfit")
+
+MAX_CYCLE = 16                  # shards read at once
+MAX_PREFETCH = 4                # batches: the model, not the reader, is usually the bottleneck
+
+
+class Plan(Protocol):
+    """What every reader's plan tells: :class:`DatasetPlan` (TFRecord shards) and
+    :class:`~memfit.data.arrays_reader.ArraysPlan` (``.npy`` arrays) both are one."""
+
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def steps_per_epoch(self) -> int: ...
+    @property
+    def memory_budget(self) -> int: ...
+    @property
+    def estimated_bytes(self) -> int: ...
+    @property
+    def window_samples(self) -> int: ...
+    @property
+    def prefetch_batches(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def epochs(self) -> int | None: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def arena_limit(self) -> int | None: ...
+
+
+P = TypeVar("P", bound=Plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetPlan:
+    """What ``memfit.dataset`` chose from the budget, and what it will yield.
+
+    Attributes:
+        path: the dataset directory; split: the split read.
+        batch_size: samples per batch; steps_per_epoch: batches per epoch.
+        samples: samples per epoch (of this shard, when sharded).
+        memory_budget: the byte budget asked for; estimated_bytes: what the plan needs.
+        window_records / window_samples: the shuffle window, in records and samples.
+        cycle_length: shards read at once, by ``read_threads`` threads.
+        parallel_windows: windows decoded at once.
+        prefetch_batches: batches prepared ahead of the model.
+        seed, epoch, epochs: the order's seed, the first epoch, the epoch count (or None).
+        arena_limit: glibc malloc arenas the process is capped at (``None``: not capped).
+        reader: ``"blocks"`` (memfit's block reader: windows of whole batches built by
+            ``parallel_windows`` threads) or ``"tf"`` (``tf.data.TFRecordDataset``).
+        reader_note: why the TF reader was chosen, when it was not asked for; with the
+            block reader, how samples reach their batch rows
+            (:func:`memfit.data.block_layout.reads_into_batches`).
+    """
+
+    path: str
+    split: str
+    batch_size: int
+    samples: int
+    steps_per_epoch: int
+    memory_budget: int
+    estimated_bytes: int
+    window_records: int
+    window_samples: int
+    cycle_length: int
+    read_threads: int
+    parallel_windows: int
+    prefetch_batches: int
+    seed: int
+    epoch: int
+    epochs: int | None
+    shuffle: bool
+    arena_limit: int | None = None
+    reader: str = "tf"
+    reader_note: str = ""
+
+    def __str__(self) -> str:
+        if self.reader == "blocks":
+            batches = self.window_samples // self.batch_size
+            order = (f"shuffle window {self.window_samples:,} samples ({batches} batches) over "
+                     f"{self.cycle_length} shards read round-robin" if self.shuffle
+                     else "stored order")
+            return (f"memfit.dataset {self.path} [{self.split}]: budget "
+                    f"{format_size(self.memory_budget)} → {order}; memfit's block reader "
+                    f"({self.reader_note}, CRC32C checked, windows of "
+                    f"{self.window_samples:,} samples), "
+                    f"{self.parallel_windows} windows built ahead, prefetch "
+                    f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
+                    f"in flight. {plan_summary(self)}")
+        order = (f"shuffle window {self.window_records} records ({self.window_samples:,} "
+                 f"samples)" if self.shuffle else "stored order")
+        note = f" (tf.data's TFRecord reader: {self.reader_note})" if self.reader_note else ""
+        return (f"memfit.dataset {self.path} [{self.split}]{note}: budget "
+                f"{format_size(self.memory_budget)} → {order}, {self.cycle_length} shards read "
+                f"at once by {self.read_threads} threads, {self.parallel_windows} windows "
+                f"decoded in parallel, prefetch {self.prefetch_batches} batches; about "
+                f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
+
+
+def plan_summary(plan: Plan) -> str:
+    """The end of every plan's description: what an epoch yields and where the order
+    starts (and the arena cap, when there is one)."""
+    return (f"{plan.samples:,} samples → {plan.steps_per_epoch} steps/epoch of "
+            f"{plan.batch_size}; seed={plan.seed}, starting at epoch {plan.epoch}."
+            + (f" glibc malloc arenas capped at {plan.arena_limit}." if plan.arena_limit
+               else ""))
+
+
+def steps_per_epoch(samples: int, batch_size: int, drop_remainder: bool) -> int:
+    """Batches in an epoch of ``samples``: the last, smaller one counts unless dropped."""
+    return samples // batch_size if drop_remainder else math.ceil(samples / batch_size)
+
+
+def settle_plan(plan: P, *, batch_size: int, samples: int, cap_arenas: bool) -> P:
+    """The last steps every reader's plan goes through: refuse a plan with no batch, cap
+    glibc's arenas if asked (recorded in the plan), and log what was chosen.
+
+    Args:
+        plan: the reader's plan (a frozen dataclass).
+        batch_size, samples: what the plan was made for (quoted in the error).
+        cap_arenas: cap glibc's malloc arenas at one per core (at least two).
+    """
+    if plan.steps_per_epoch == 0:
+        raise ValueError(f"drop_remainder=True with batch_size={batch_size} larger than the "
+                         f"{samples:,} samples leaves no batch. Received: "
+                         f"batch_size={batch_size}")
+    if cap_arenas:
+        from memfit.memory.allocator import limit_arenas
+
+        plan = dataclasses.replace(  # type: ignore[type-var]
+            plan, arena_limit=limit_arenas(max(2, os.cpu_count() or 1)))
+    log.info("%s", plan)
+    return plan

@@ -1,0 +1,241 @@
+"""``tf.data``'s own TFRecord reader under memfit's plan: what ``memfit.dataset`` uses
+for shards the block reader cannot read (variable-shape features, GZIP/ZLIB shards) or
+when ``reader="tf"`` is asked for. For epoch ``e``::
+
+    shard files, permuted by (seed, e)
+      → interleave: read `cycle_length` shards at once (CRC32C checked per record)
+      → batch `window_records` records (the shuffle window)
+      → parse the window in one `tf.io.parse_example` + `tf.io.decode_raw` per feature
+      → permute the window's samples by (seed, e, window)
+      → rebatch to `batch_size` → prefetch
+
+Every random choice uses stateless ops seeded from ``(seed, epoch, ...)``
+(:func:`stateless_seed`), so the order is a pure function of them. A shard with fewer
+readable records than the manifest says (damaged, truncated) raises, or with
+``on_corrupt="skip"`` is read up to the damage with a warning.
+
+Example:
+    >>> stateless_seed(7, 3).numpy().tolist() == stateless_seed(7, 3).numpy().tolist()
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from memfit.data.feeder import epochs_dataset
+from memfit.data.manifest import Manifest, Shard
+from memfit.data.pipeline import finish
+from memfit.data.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
+from memfit.data.records import LENGTHS_SUFFIX
+from memfit.errors import DatasetError
+from memfit.sizes import format_size
+
+__all__ = ["plan_tf", "build", "stateless_seed"]
+
+# Bytes of a window alive at once while it is parsed and permuted: the record strings,
+# the parsed strings, the joined/decoded values and the permuted copy.
+_WINDOW_COPIES = 4
+_READ_BUFFER = 256 * 1024
+_WINDOW_CAP = 8 * 2**20         # bytes of decoded samples in one shuffle window
+# decode_raw has no unsigned 32/64-bit output: decode the signed type and reinterpret.
+_DECODE_AS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
+
+
+def plan_tf(manifest: Manifest, split: str, batch_size: int, budget: int, *,
+            shuffle: bool, samples: int, drop_remainder: bool, seed: int, epoch: int,
+            epochs: int | None, files: int) -> DatasetPlan:
+    """Derives window, parallelism and prefetch depth from a byte budget.
+
+    Mixing comes mostly from reading many shards at once (each shard is already a
+    random sample of the data): a window holds records of ``cycle_length`` shards, so
+    samples that met in one epoch rarely meet again. The window itself is capped at
+    ``_WINDOW_CAP`` bytes: bigger windows cost page faults on every copy and gain little
+    mixing once many shards are interleaved. What is left of the budget goes to prefetch.
+    Shards are read by as many threads as there are cores: more threads read no faster
+    here and each keeps its own glibc arena of freed buffers, so RSS creeps up with time.
+    """
+    cores = os.cpu_count() or 1
+    k = manifest.samples_per_record
+    sample_bytes = manifest.sample_bytes(split)
+    record_bytes = sample_bytes * k
+    batch_bytes = sample_bytes * batch_size
+    cycle = max(1, min(files, MAX_CYCLE)) if shuffle else 1
+    readers = cycle * (_READ_BUFFER + 2 * record_bytes)
+    parallel = max(1, min(2, cores))
+    need_min = readers + _WINDOW_COPIES * record_bytes * (parallel + 1) + 2 * batch_bytes
+    if budget < need_min:
+        raise DatasetError(
+            f"memory_budget={format_size(budget)} is too small to stream batches of "
+            f"{batch_size} samples of {format_size(sample_bytes)} (records of {k} samples): it "
+            f"needs at least {format_size(need_min)}. Raise memory_budget or lower batch_size. "
+            f"Received: memory_budget={budget}")
+    spare = budget - readers - 2 * batch_bytes
+    window_bytes = min(spare / (_WINDOW_COPIES * (parallel + 1)),
+                       max(_WINDOW_CAP, 2 * batch_bytes))
+    window_records = int(max(1, min(window_bytes // record_bytes, manifest.split(split).records)))
+    if not shuffle:
+        window_records = max(1, min(window_records, math.ceil(batch_size / k)))
+    in_windows = _WINDOW_COPIES * record_bytes * window_records * (parallel + 1)
+    prefetch = int(max(1, min(MAX_PREFETCH, (spare - in_windows) // max(batch_bytes, 1))))
+    estimated = readers + in_windows + (prefetch + 1) * batch_bytes
+    return DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
+                       samples=samples,
+                       steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
+                       memory_budget=budget,
+                       estimated_bytes=int(estimated), window_records=window_records,
+                       window_samples=window_records * k, cycle_length=cycle,
+                       read_threads=min(cycle, cores), parallel_windows=parallel,
+                       prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
+                       shuffle=shuffle)
+
+
+def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Tensor:
+    """Decodes a window of raw blocks into one flat tensor of values.
+
+    Full records all have the same length and decode in one ``decode_raw`` without a
+    copy to join them; a window holding a short record (the last of a split) or a
+    variable feature is joined first.
+    """
+    dtype = tf.as_dtype(dtype_name)
+    raw_type = _DECODE_AS.get(dtype, dtype)
+
+    def joined() -> tf.Tensor:
+        return tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(blocks), raw_type), [-1])
+
+    if variable:
+        flat = joined()
+    else:
+        lengths = tf.strings.length(blocks)
+        flat = tf.cond(tf.reduce_min(lengths) == tf.reduce_max(lengths),
+                       lambda: tf.reshape(tf.io.decode_raw(blocks, raw_type), [-1]), joined)
+    return flat if raw_type == dtype else tf.bitcast(flat, dtype)
+
+
+def stateless_seed(seed: int, *data: tf.Tensor | int) -> tf.Tensor:
+    """A stateless seed pair derived from ``seed`` and the given integers."""
+    s = tf.constant([seed & 0x7FFFFFFF, 0x6D656D66], tf.int64)   # "memf"
+    for d in data:
+        s = tf.random.experimental.stateless_fold_in(s, tf.cast(d, tf.int64))
+    return s
+
+
+
+class _Steps:
+    """The TF reader's steps over the shards of one dataset, in pipeline order (see the
+    module docstring): :meth:`read_shard`, :meth:`decode`, and :meth:`one_epoch` that
+    chains them for an epoch."""
+
+    def __init__(self, manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,
+                 features: Sequence[str] | None, *, on_corrupt: str, drop_remainder: bool):
+        self.plan = plan
+        self.on_corrupt = on_corrupt
+        self.drop_remainder = drop_remainder
+        self.shard_count = len(shards)
+        base = manifest.path
+        self.files = tf.constant([str(base / s.file) for s in shards])
+        self.expected = tf.constant([s.records for s in shards], tf.int64)
+        self.compression = manifest.compression or ""
+        # Only the features asked for are parsed and decoded.
+        self.feats = {n: manifest.features[n] for n in (features or manifest.features)}
+        self.spec = {k: v for k, v in manifest.tf_feature_spec().items()
+                     if k.split(LENGTHS_SUFFIX)[0] in self.feats}
+
+    def read_shard(self, file: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
+        """The records of one shard, their count checked against the manifest's at its
+        end (``TFRecordDataset`` stops quietly at a damaged or missing record)."""
+        raw = tf.data.TFRecordDataset(file, compression_type=self.compression,
+                                      buffer_size=_READ_BUFFER).ignore_errors()
+        end = tf.data.Dataset.from_tensors((tf.constant(b""), True))
+        marked = raw.map(lambda r: (r, False)).concatenate(end)
+
+        def count(n: tf.Tensor, item: tuple) -> tuple:
+            record, is_end = item
+            ok = tf.logical_or(tf.logical_not(is_end), tf.equal(n, records))
+            with tf.control_dependencies([self._check_count(ok, file, n, records)]):
+                return n + 1, (record, is_end)
+
+        return (marked.scan(tf.constant(0, tf.int64), count)
+                .filter(lambda r, is_end: tf.logical_not(is_end)).map(lambda r, is_end: r))
+
+    def _check_count(self, ok: tf.Tensor, file: tf.Tensor, n: tf.Tensor,
+                     records: tf.Tensor) -> tf.Operation:
+        """An assertion that the shard was read to its end (``on_corrupt="raise"``), or a
+        warning when it was not (``"skip"``)."""
+        if self.on_corrupt == "raise":
+            return tf.debugging.Assert(ok, [
+                "memfit: shard", file, "is corrupt or truncated: record", n, "of", records,
+                "cannot be read (bad CRC32C or cut short). Run `memfit verify` on the "
+                "dataset; pass on_corrupt='skip' to read past damaged shards."])
+        return tf.cond(ok, tf.no_op, lambda: tf.print(
+            "memfit: WARNING: skipped", records - n, "unreadable records of shard",
+            file, "from record", n, "on (damaged or truncated).", output_stream=sys.stderr))
+
+    def decode(self, seed_e: tf.Tensor, index: tf.Tensor, records: tf.Tensor) -> dict:
+        """A window of records parsed and decoded, its samples permuted by
+        ``(seed, e, window)`` when shuffling."""
+        parsed = tf.io.parse_example(records, self.spec)
+        out = {}
+        for name, f in self.feats.items():
+            values = tf.reshape(_decode_values(parsed[name], f.dtype, f.variable),
+                                [-1, *f.inner_shape])
+            if f.variable:
+                lengths = parsed[name + LENGTHS_SUFFIX].values
+                values = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+            out[name] = values
+        if self.plan.shuffle:
+            n = tf.shape(out[next(iter(self.feats))], out_type=tf.int64)[0]
+            perm = tf.random.experimental.stateless_shuffle(
+                tf.range(n), seed=tf.random.experimental.stateless_fold_in(seed_e, index))
+            out = {k: tf.gather(v, perm) for k, v in out.items()}
+        return out
+
+    def one_epoch(self, e: tf.Tensor) -> tf.data.Dataset:
+        """The batches of epoch ``e``."""
+        plan, seed = self.plan, self.plan.seed
+        seed_e = stateless_seed(seed, e)
+        order = tf.range(self.shard_count, dtype=tf.int64)
+        if plan.shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
+        listing = tf.data.Dataset.from_tensor_slices((tf.gather(self.files, order),
+                                                      tf.gather(self.expected, order)))
+        if plan.shuffle:
+            records = listing.interleave(self.read_shard, cycle_length=plan.cycle_length,
+                                         block_length=1,
+                                         num_parallel_calls=plan.read_threads,
+                                         deterministic=True)
+        else:
+            records = listing.flat_map(self.read_shard)
+        windows = records.batch(plan.window_records).enumerate()
+        decoded = windows.map(lambda i, r: self.decode(stateless_seed(seed, e, 1), i, r),
+                              num_parallel_calls=plan.parallel_windows, deterministic=True)
+        return decoded.rebatch(plan.batch_size, drop_remainder=self.drop_remainder)
+
+
+def build(manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,
+          features: Sequence[str] | None, *, on_corrupt: str, drop_remainder: bool,
+          sharded: bool) -> tf.data.Dataset:
+    """The pipeline over ``tf.data.TFRecordDataset`` (see the module docstring).
+
+    Args:
+        manifest: the dataset; shards: the shards read (a worker's share).
+        plan: the plan of :func:`plan_tf`.
+        features: ``None`` for dict elements, else the names for tuple elements (one name:
+            the tensor alone).
+        on_corrupt: ``"raise"`` or ``"skip"``.
+        drop_remainder: drop the last, smaller batch of each epoch.
+        sharded: sharded by hand (tf.distribute must not shard again).
+    """
+    steps = _Steps(manifest, shards, plan, features, on_corrupt=on_corrupt,
+                   drop_remainder=drop_remainder)
+    epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
+    ds = epoch_ds.flat_map(steps.one_epoch)
+    if features is not None:
+        names = tuple(features)
+        ds = ds.map(lambda d: tuple(d[n] for n in names) if len(names) > 1 else d[names[0]])
+    return finish(ds, plan, counter, sharded=sharded)
