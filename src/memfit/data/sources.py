@@ -250,9 +250,32 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
     label column becomes feature ``y`` and the other columns are stacked into ``x``
     (float32, one vector per row); otherwise each column is its own feature.
 
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "t.csv").write_text("a,b,target\\n1,0.5,0\\n2,1.5,1\\n")
+        >>> paths = csv_to_npy(str(d / "t.csv"), d / "npy", label="target")
+        >>> np.load(paths["x"]).tolist(), np.load(paths["y"]).tolist()
+        ([[1.0, 0.5], [2.0, 1.5]], [0, 1])
+
     Returns:
         feature name → path of the ``.npy`` file written.
     """
+    header, is_int, rows = _scan_csv(path, delimiter, label)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = {name: np.lib.format.open_memmap(workdir / f"{name}.npy", mode="w+", dtype=dt,
+                                           shape=shape)
+           for name, (dt, shape) in _csv_features(header, is_int, rows, label).items()}
+    _fill_from_csv(out, path, delimiter, header, is_int, label)
+    for arr in out.values():
+        arr.flush()
+    return {name: str(workdir / f"{name}.npy") for name in out}
+
+
+def _scan_csv(path: str, delimiter: str,
+              label: str | None) -> tuple[list[str], list[bool], int]:
+    """The first pass: the header, whether each column holds integers only, and the
+    number of rows; every cell is checked to be a number."""
     try:
         f = open(path, newline="", encoding="utf-8")
     except FileNotFoundError:
@@ -289,17 +312,25 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
             rows += 1
     if rows == 0:
         raise DatasetError(f"CSV file {path!r} has a header but no rows.")
-    workdir.mkdir(parents=True, exist_ok=True)
+    return header, is_int, rows
+
+
+def _csv_features(header: list[str], is_int: list[bool], rows: int,
+                  label: str | None) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """Feature name → (dtype, shape) of the ``.npy`` columns a CSV file becomes."""
+    if label is not None:
+        j_label = header.index(label)
+        return {"x": (np.float32, (rows, len(header) - 1)),
+                "y": (np.int64 if is_int[j_label] else np.float32, (rows,))}
+    return {h: (np.int64 if is_int[j] else np.float32, (rows,)) for j, h in enumerate(header)}
+
+
+def _fill_from_csv(out: dict[str, np.ndarray], path: str, delimiter: str, header: list[str],
+                   is_int: list[bool], label: str | None) -> None:
+    """The second pass: the rows, 65,536 at a time, into the ``.npy`` columns."""
     if label is not None:
         j_label = header.index(label)
         x_cols = [j for j in range(len(header)) if j != j_label]
-        targets = {"x": (np.float32, (rows, len(x_cols))),
-                   "y": (np.int64 if is_int[j_label] else np.float32, (rows,))}
-    else:
-        targets = {h: (np.int64 if is_int[j] else np.float32, (rows,))
-                   for j, h in enumerate(header)}
-    out = {name: np.lib.format.open_memmap(workdir / f"{name}.npy", mode="w+", dtype=dt,
-                                           shape=shape) for name, (dt, shape) in targets.items()}
     chunk = 65536
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f, delimiter=delimiter)
@@ -318,9 +349,6 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
                 for j, h in enumerate(header):
                     out[h][start:stop] = table[:, j]
             start = stop
-    for arr in out.values():
-        arr.flush()
-    return {name: str(workdir / f"{name}.npy") for name in out}
 
 
 def open_source(source: Any, *, variable: Iterable[str] = ()) -> ArraySource | StreamSource:
