@@ -92,7 +92,8 @@ def test_find_batch_size_refuses_a_start_below_1(capsys, start):
     argv = ["find-batch-size", TINY, "--budget", "1GiB", "--start", start]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("memfit find-batch-size: error: start must be a positive batch size")
+    assert err.startswith("memfit find-batch-size: error: start must be an integer >= 1")
+    assert "The first batch size to try" in err
     assert f"Received: start={start}" in err and err.count("\n") == 1
 
 

@@ -96,16 +96,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(e)
         if measured is not None:
-            print()
-            if measured["status"] != "ok":
-                print(f"measure: the child failed ({measured['status']}): "
-                      f"{measured['message']}")
-            else:
-                print(f"measure (model memory over the framework baseline, peak of "
-                      f"{args.steps} steps):")
-                print(f"  predicted {format_size(e.model_bytes):>10}")
-                print(f"  measured  {format_size(measured['measured']):>10}   "
-                      f"(process peak {format_size(measured['peak'])}, baseline "
-                      f"{format_size(measured['baseline'])})")
-                print(f"  error     {measured['relative_error'] * 100:+9.1f} %")
+            _print_measure(measured, e.model_bytes, args.steps)
     return 1 if e.fits is False else 0
+
+
+def _print_measure(measured: dict, predicted: int, steps: int) -> None:
+    """``--measure``'s lines under the table: predicted vs measured."""
+    print()
+    if measured["status"] != "ok":
+        print(f"measure: the child failed ({measured['status']}): {measured['message']}")
+        return
+    print(f"measure (model memory over the framework baseline, peak of {steps} steps):")
+    print(f"  predicted {format_size(predicted):>10}")
+    print(f"  measured  {format_size(measured['measured']):>10}   "
+          f"(process peak {format_size(measured['peak'])}, baseline "
+          f"{format_size(measured['baseline'])})")
+    print(f"  error     {measured['relative_error'] * 100:+9.1f} %")

@@ -34,9 +34,11 @@ import statistics
 import time
 from pathlib import Path
 
+from memfit import checks
 from memfit.atomic import write_text_atomic
 from memfit.env import CACHE_ENV
 from memfit.errors import MemfitError
+from memfit.estimate.measure import run_child
 from memfit.memory.probe import nvml_devices
 from memfit.sizes import format_size
 
@@ -223,11 +225,8 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
     Raises:
         CalibrationError: when the child fails, or on a GPU without NVML or a GPU.
     """
-    from memfit.estimate.measure import run_child
-
     device = check_device(device)
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"runs must be a positive integer. Received: runs={runs!r}")
+    runs = checks.count("runs", runs, hint="Child processes to measure (the median is kept).")
     if device.startswith("gpu") and not _gpu_present():
         raise CalibrationError(
             f"No NVIDIA GPU is visible for {device}: NVML (the nvidia-ml-py package and an "

@@ -2,7 +2,7 @@
 
 Run by :mod:`memfit.estimate.measure` (never by hand), in a fresh process so that a model
 that does not fit can be killed without harm to the parent. It reports on stdout, one
-JSON object per line behind the marker ``MEMFIT-CHILD``:
+JSON object per line behind the marker ``MEMFIT-CHILD`` (:mod:`memfit.estimate.protocol`):
 
 ``{"event": "baseline", ...}``
     after ``import tensorflow, keras`` and one eager op: the framework baseline, the
@@ -29,18 +29,14 @@ import sys
 import time
 from typing import Any
 
-MARKER = "MEMFIT-CHILD "
-
-
-def emit(event: str, **fields: Any) -> None:
-    """Writes one report line for the parent."""
-    sys.stdout.write(MARKER + json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+from memfit.estimate.model import EstimateError, ModelSpec
+from memfit.estimate.protocol import Report, emit
+from memfit.estimate.training import make_batch, prepare
+from memfit.memory.allocator import current_policy
+from memfit.memory.probe import measure, nvml_memory, sample, tf_gpu_memory
 
 
 def _framework_baseline(device: str) -> dict:
-    from memfit.memory.probe import nvml_memory, sample
-
     before_import = sample()
     import keras  # noqa: F401
     import tensorflow as tf
@@ -63,8 +59,6 @@ def _framework_baseline(device: str) -> dict:
 
 
 def _gpu_peak() -> int | None:
-    from memfit.memory.probe import tf_gpu_memory
-
     info = tf_gpu_memory()
     if not info:
         return None
@@ -82,42 +76,49 @@ def _running_peak(s: Any) -> int:
 def train(request: dict) -> None:
     """Measures the peak memory of a few training steps (see the module docstring)."""
     device = request.get("device", "cpu")
-    base = _framework_baseline(device)
-    emit("baseline", **base)
-    from memfit.estimate.model import EstimateError, ModelSpec
-    from memfit.estimate.training import make_batch, prepare
-    from memfit.memory.allocator import current_policy
-    from memfit.memory.probe import measure, nvml_memory, sample
-
-    spec = ModelSpec.from_json(request["model"])
-    batch_size = int(request["batch_size"])
-    steps = int(request.get("steps", 3))
-    times = []
+    base = _framework_baseline(device)       # first: it samples before TensorFlow is in
+    emit(Report.BASELINE, **base)
     import tensorflow as tf
 
     try:
         with measure(interval=0.005) as m:
-            setup = prepare(spec, dtype_policy=request.get("dtype_policy"),
-                            optimizer=request.get("optimizer"),
-                            input_shape=spec.input_shape)
-            compiled = sample().anon_or_total
-            x, y = make_batch(setup, batch_size)
-            first = None
-            step_peaks = []
-            for _ in range(steps):
-                t = time.perf_counter()
-                setup.model.train_on_batch(x, y)
-                times.append(time.perf_counter() - t)
-                s = sample()
-                if first is None:
-                    first = s.anon_or_total
-                step_peaks.append(_running_peak(s) - base["baseline_anon"])
+            steps = _train_steps(request, base["baseline_anon"])
     except EstimateError as e:
-        emit("error", kind="input", message=str(e))
+        emit(Report.ERROR, kind="input", message=str(e))
         sys.exit(2)
     except (tf.errors.ResourceExhaustedError, MemoryError) as e:
-        emit("error", kind="oom", message=f"{type(e).__name__}: {str(e)[:300]}")
+        emit(Report.ERROR, kind="oom", message=f"{type(e).__name__}: {str(e)[:300]}")
         sys.exit(3)
+    emit(Report.RESULT, **_train_result(m, base, steps, device))
+
+
+def _train_steps(request: dict, baseline_anon: int) -> dict:
+    """Loads and compiles the model, then runs the training steps asked for: what each
+    left behind (anonymous RSS after compile and after the first step, step times, the
+    peak so far after each step over the baseline)."""
+    spec = ModelSpec.from_json(request["model"])
+    batch_size = int(request["batch_size"])
+    setup = prepare(spec, dtype_policy=request.get("dtype_policy"),
+                    optimizer=request.get("optimizer"), input_shape=spec.input_shape)
+    compiled = sample().anon_or_total
+    x, y = make_batch(setup, batch_size)
+    first = None
+    times, step_peaks = [], []
+    for _ in range(int(request.get("steps", 3))):
+        t = time.perf_counter()
+        setup.model.train_on_batch(x, y)
+        times.append(time.perf_counter() - t)
+        s = sample()
+        if first is None:
+            first = s.anon_or_total
+        step_peaks.append(_running_peak(s) - baseline_anon)
+    return {"compiled_anon": compiled, "first_step_anon": first, "step_seconds": times,
+            "step_peaks": step_peaks, "policy": setup.policy, "batch_size": batch_size}
+
+
+def _train_result(m: Any, base: dict, steps: dict, device: str) -> dict:
+    """The ``result`` report of a training child: the peak from model load to the end
+    of the last step (``m``: the measurement around them), over the baseline."""
     peak, after = m.peak, m.after
     assert peak is not None and after is not None
     peak_anon = peak.anon_or_total
@@ -126,21 +127,20 @@ def train(request: dict) -> None:
         # file-backed pages only grow during a run, so this bound is never too high.
         peak_anon = max(peak_anon, peak.rss - after.rss_file - (after.rss_shmem or 0))
     result = {"peak_anon": peak_anon, "measured": peak_anon - base["baseline_anon"],
-              "baseline_anon": base["baseline_anon"], "compiled_anon": compiled,
-              "first_step_anon": first, "after_anon": after.anon_or_total,
-              "step_seconds": times, "step_peaks": step_peaks, "policy": setup.policy,
-              "allocator": current_policy(), "batch_size": batch_size,
-              "samples": m.samples}
+              "baseline_anon": base["baseline_anon"], "compiled_anon": steps["compiled_anon"],
+              "first_step_anon": steps["first_step_anon"], "after_anon": after.anon_or_total,
+              "step_seconds": steps["step_seconds"], "step_peaks": steps["step_peaks"],
+              "policy": steps["policy"], "allocator": current_policy(),
+              "batch_size": steps["batch_size"], "samples": m.samples}
     if device.startswith("gpu"):
         result["gpu_peak"] = _gpu_peak()
         result["nvml"] = nvml_memory()
-    emit("result", **result)
+    return result
 
 
 def estimate(request: dict) -> None:
     """Runs the estimator here (so that a parent never builds a model it cannot hold)."""
-    from memfit.estimate.estimator import Estimator
-    from memfit.estimate.model import EstimateError, ModelSpec
+    from memfit.estimate.estimator import Estimator  # only an estimating child needs it
 
     spec = ModelSpec.from_json(request["model"])
     try:
@@ -150,14 +150,14 @@ def estimate(request: dict) -> None:
                         allocator=request.get("allocator", "default"))
         e = est.at(int(request.get("batch_size") or 1), budget=request.get("budget"))
     except EstimateError as err:
-        emit("error", kind="input", message=str(err))
+        emit(Report.ERROR, kind="input", message=str(err))
         sys.exit(2)
-    emit("result", **e.to_json())
+    emit(Report.RESULT, **e.to_json())
 
 
 def calibrate(request: dict) -> None:
     """Reports the framework baseline of this machine (see :mod:`baseline`)."""
-    emit("result", **_framework_baseline(request.get("device", "cpu")))
+    emit(Report.RESULT, **_framework_baseline(request.get("device", "cpu")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     elif mode == "estimate":
         estimate(request)
     else:
-        emit("error", kind="input", message=f"unknown mode {mode!r}")
+        emit(Report.ERROR, kind="input", message=f"unknown mode {mode!r}")
         return 2
     return 0
 

@@ -44,13 +44,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.graph import StepGraph, trace
-from memfit.estimate.layers import LayerRow, layer_rows, param_bytes
-from memfit.estimate.model import EstimateError, check_batch_size, check_policy
+from memfit.estimate.layers import LayerRow, layer_rows, param_bytes, param_count
+from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
@@ -278,10 +277,8 @@ class Estimator:
     def __init__(self, model: Any, *, optimizer: Any = None, dtype_policy: str | None = None,
                  input_shape: Any = None, dataset_budget: int | str | None = None,
                  device: str = "cpu", allocator: str = "default"):
-        try:
+        with input_errors():
             self.allocator = check_allocator(allocator)
-        except ValueError as e:
-            raise EstimateError(str(e)) from None
         self.constants = FITTED[self.allocator]
         check_policy(dtype_policy)
         if isinstance(optimizer, str):
@@ -376,8 +373,8 @@ class Estimator:
         budget_bytes = None if budget is None else parse_size(budget, name="budget")
         p = self._parts(batch_size)
         m = self.setup.model
-        trainable = sum(_numel(v.shape) for v in m.trainable_weights)
-        frozen = sum(_numel(v.shape) for v in m.non_trainable_weights)
+        trainable = param_count(m.trainable_weights)
+        frozen = param_count(m.non_trainable_weights)
         e = Estimate(model_name=m.name, batch_size=batch_size, dtype_policy=self.setup.policy,
                      optimizer=name_of(self.setup.optimizer), device=self.device,
                      layers=self.layers, weights=self.weights, optimizer_slots=self.slots,
@@ -435,10 +432,6 @@ _POLICY_TEXT = {
                "--allocator fixed predicts less, and more tightly, for a process that "
                "fixes it)",
 }
-
-
-def _numel(shape: Any) -> int:
-    return math.prod(int(d) for d in shape)
 
 
 def estimate(model: Any, batch_size: int, *, optimizer: Any = None,

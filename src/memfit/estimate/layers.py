@@ -25,7 +25,7 @@ from typing import Any
 
 from memfit.estimate.graph import StepGraph
 
-__all__ = ["LayerRow", "layer_rows", "param_bytes"]
+__all__ = ["LayerRow", "layer_rows", "param_bytes", "param_count"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,17 @@ def _numel(shape: Any) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def param_count(variables: Any) -> int:
+    """Elements of a list of Keras variables (the parameter count of their layer or model).
+
+    Example:
+        >>> import numpy as np
+        >>> param_count([np.zeros((8, 4)), np.zeros(4)])
+        36
+    """
+    return sum(_numel(v.shape) for v in variables)
 
 
 def param_bytes(variables: Any) -> int:
@@ -111,10 +122,9 @@ def layer_rows(model: Any, step: StepGraph) -> list[LayerRow]:
         kept[layer] += kept_by_tensor.get(op.name, 0)
     rows = []
     for layer in layers:
-        trainable = sum(_numel(v.shape) for v in layer.trainable_weights)
-        frozen = sum(_numel(v.shape) for v in layer.non_trainable_weights)
         rows.append(LayerRow(name=layer.name, type=type(layer).__name__,
-                             params_trainable=trainable, params_non_trainable=frozen,
+                             params_trainable=param_count(layer.trainable_weights),
+                             params_non_trainable=param_count(layer.non_trainable_weights),
                              weight_bytes=param_bytes(layer.weights),
                              output_bytes=output.get(layer.name, 0),
                              kept_bytes=kept.get(layer.name, 0)))

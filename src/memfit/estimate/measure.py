@@ -1,9 +1,10 @@
 """Measuring real training steps in a child process, safely.
 
 :func:`run_child` starts ``python -m memfit.estimate.child`` with a request, watches the
-child's whole process tree with the one probe (:func:`memfit.memory.probe.sample`,
-``tree=True``) and kills it when its anonymous RSS passes ``budget``: a model that does
-not fit ends as ``"over-budget"``, never as an out-of-memory kill of this process.
+child's whole process tree with the one process sampler
+(:class:`memfit.memory.sampler.TreeSampler`) and kills it when its anonymous RSS passes
+``budget``: a model that does not fit ends as ``"over-budget"``, never as an
+out-of-memory kill of this process.
 
 What is measured (CPU): the peak anonymous RSS of the training process from model load
 to the end of the last training step, minus its anonymous RSS right after
@@ -28,11 +29,12 @@ import time
 from typing import Any
 
 from memfit.errors import MemfitError
-from memfit.estimate.child import MARKER
-from memfit.estimate.model import ModelSpec, check_batch_size, check_policy
+from memfit.estimate.model import ModelSpec, check_batch_size, check_policy, parse_input_shape
+from memfit.estimate.protocol import Report, read_reports
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
-from memfit.memory.probe import Sample, peak_of, sample
+from memfit.memory.process import ticks
+from memfit.memory.sampler import TreeSampler
 from memfit.quiet import strip_noise
 
 __all__ = ["ChildResult", "run_child", "measure_training"]
@@ -94,66 +96,73 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
         timeout: seconds before the child is killed as ``"timeout"``.
         interval: seconds between two samples of the child's memory.
     """
-    device = request.get("device", "cpu")
-    start = time.time()
-    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as report:
+    started = time.time()
+    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as out:
         # Files, not pipes: a chatty child can never block on a full pipe.
         proc = subprocess.Popen([sys.executable, "-m", "memfit.estimate.child",
-                                 json.dumps(request)], stdout=report, stderr=err,
-                                text=True,
-                                env=_child_env(device, request.get("allocator", "default")))
-        status, seen = None, None
+                                 json.dumps(request)], stdout=out, stderr=err, text=True,
+                                env=_child_env(request.get("device", "cpu"),
+                                               request.get("allocator", "default")))
         try:
-            while proc.poll() is None:
-                try:
-                    s: Sample | None = sample(proc.pid, tree=True)
-                except ProcessLookupError:
-                    s = None
-                if s is not None:
-                    seen = peak_of(seen, s)
-                    if budget is not None and s.anon_or_total > budget:
-                        status = "over-budget"
-                        break
-                if time.time() - start > timeout:
-                    status = "timeout"
-                    break
-                time.sleep(interval)
+            killed, peak = _watch(proc, budget=budget, timeout=timeout, started=started,
+                                  interval=interval)
         finally:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        report.seek(0)
-        out = report.read()
-        err.seek(0)
-        stderr = err.read()
-    seconds = time.time() - start
-    events = {}
-    for line in out.splitlines():
-        if line.startswith(MARKER):
-            record = json.loads(line[len(MARKER):])
-            events[record["event"]] = record
-    peak_seen = seen.anon_or_total if seen is not None else None
-    baseline = events.get("baseline", {}).get("baseline_anon")
-    if status is not None:
-        return ChildResult(status, peak=peak_seen, baseline=baseline, seconds=seconds,
-                           message=f"killed: {status}")
-    if "error" in events:
-        kind = events["error"].get("kind")
-        return ChildResult("oom" if kind == "oom" else "error", peak=peak_seen,
-                           baseline=baseline, message=events["error"].get("message", ""),
+        reports = read_reports(_read(out))
+        stderr = _read(err)
+    return _result(reports, killed=killed, peak=peak, returncode=proc.returncode,
+                   stderr=stderr, seconds=time.time() - started)
+
+
+def _watch(proc: subprocess.Popen, *, budget: int | None, timeout: float, started: float,
+           interval: float) -> tuple[str | None, int | None]:
+    """Samples the child's process tree every ``interval`` seconds until it ends, or until
+    it passes ``budget`` (``"over-budget"``) or runs past ``timeout`` (``"timeout"``):
+    returns why it must be killed (``None``: it ended) and the peak anonymous RSS seen."""
+    sampler = TreeSampler(proc.pid)
+    killed = None
+    for _ in ticks(proc, interval):
+        s = sampler.take()
+        if s is not None and budget is not None and s.anon_or_total > budget:
+            killed = "over-budget"
+            break
+        if time.time() - started > timeout:
+            killed = "timeout"
+            break
+    return killed, sampler.peak.anon_or_total if sampler.peak is not None else None
+
+
+def _read(file: Any) -> str:
+    file.seek(0)
+    return file.read()
+
+
+def _result(reports: dict[str, dict], *, killed: str | None, peak: int | None,
+            returncode: int, stderr: str, seconds: float) -> ChildResult:
+    """The child's :class:`ChildResult` from its reports, or from how it ended."""
+    baseline = reports.get(Report.BASELINE, {}).get("baseline_anon")
+    if killed is not None:
+        return ChildResult(killed, peak=peak, baseline=baseline, seconds=seconds,
+                           message=f"killed: {killed}")
+    if Report.ERROR in reports:
+        error = reports[Report.ERROR]
+        return ChildResult("oom" if error.get("kind") == "oom" else "error", peak=peak,
+                           baseline=baseline, message=error.get("message", ""),
                            seconds=seconds)
-    if "result" not in events:
-        code = proc.returncode
-        why = f"killed by signal {-code} (out of memory?)" if code < 0 else f"exit code {code}"
+    if Report.RESULT not in reports:
+        why = (f"killed by signal {-returncode} (out of memory?)" if returncode < 0
+               else f"exit code {returncode}")
         # The last lines the child wrote, without TensorFlow's start-up lines: they would
         # crowd out the error of a child that died early.
         tail = "\n".join(strip_noise(stderr).strip().splitlines()[-5:])
-        return ChildResult("oom" if code == -9 else "crashed", peak=peak_seen,
+        return ChildResult("oom" if returncode == -9 else "crashed", peak=peak,
                            baseline=baseline, message=f"{why}\n{tail}".strip(),
                            seconds=seconds)
-    result = events["result"]
+    result = reports[Report.RESULT]
     return ChildResult("ok", measured=result.get("measured"),
-                       peak=result.get("peak_anon", peak_seen),
+                       peak=result.get("peak_anon", peak),
                        baseline=result.get("baseline_anon", baseline), report=result,
                        seconds=seconds)
 
@@ -196,15 +205,10 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
     if not isinstance(model, str | ModelSpec):
         raise MemfitError("A measuring child needs the model as a .keras file or "
                           "module:function: save it with model.save('model.keras') first.")
-    spec = model if isinstance(model, ModelSpec) else ModelSpec(model, _shapes(input_shape))
+    spec = model if isinstance(model, ModelSpec) else ModelSpec(model,
+                                                                parse_input_shape(input_shape))
     request = {"mode": "train", "model": spec.to_json(), "batch_size": batch_size,
                "dtype_policy": dtype_policy,
                "optimizer": optimizer if isinstance(optimizer, str) else None,
                "steps": steps, "device": device, "allocator": allocator}
     return run_child(request, budget=budget, timeout=timeout)
-
-
-def _shapes(input_shape: Any) -> Any:
-    from memfit.estimate.model import parse_input_shape
-
-    return parse_input_shape(input_shape)

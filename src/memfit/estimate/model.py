@@ -24,10 +24,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from memfit import checks
 from memfit.errors import MemfitError
 
 __all__ = ["ModelSpec", "EstimateError", "load", "parse_input_shape", "check_policy",
-           "check_batch_size", "input_specs", "target_specs", "policy_scope", "describe"]
+           "check_batch_size", "input_errors", "input_specs", "target_specs", "policy_scope"]
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
@@ -100,12 +101,39 @@ def parse_input_shape(value: str | Sequence[int] | Sequence[Sequence[int]] | Non
     return tuple(shapes)
 
 
+@contextlib.contextmanager
+def input_errors() -> Iterator[None]:
+    """Raises the ``ValueError`` of an argument check in the block (:mod:`memfit.checks`)
+    as an :class:`EstimateError`, with the same message.
+
+    Example:
+        >>> from memfit import checks
+        >>> with input_errors():
+        ...     checks.count("max_trials", 0)                # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memfit.estimate.model.EstimateError: max_trials must be ... Received: max_trials=0
+    """
+    try:
+        yield
+    except EstimateError:
+        raise
+    except ValueError as e:
+        raise EstimateError(str(e)) from None
+
+
 def check_batch_size(batch_size: Any, name: str = "batch_size") -> int:
-    """Returns ``batch_size`` as an int, or raises a clear error for anything not ≥ 1."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise EstimateError(f"{name} must be a positive integer, such as 32. "
-                            f"Received: {name}={batch_size!r}")
-    return batch_size
+    """Returns ``batch_size`` as an int, or raises a clear error for anything not ≥ 1.
+
+    Example:
+        >>> check_batch_size(32)
+        32
+
+    Raises:
+        EstimateError: quoting the value.
+    """
+    with input_errors():
+        return checks.count(name, batch_size, example=32)
 
 
 def check_policy(policy: str | None) -> str | None:
@@ -351,17 +379,3 @@ def target_specs(outputs: Any) -> list[tuple[tuple[int, ...], str]]:
     flat = keras.tree.flatten(outputs)
     return [(tuple(int(d) if d is not None else 1 for d in t.shape[1:]), "float32")
             for t in flat]
-
-
-def describe(model: Any) -> str:
-    """``'name (Functional, 1.2M params)'`` for messages and tables."""
-    kind = type(model).__name__
-    n = sum(int(_numel(v.shape)) for v in model.weights)
-    return f"{model.name} ({kind}, {n:,} params)"
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

@@ -31,7 +31,7 @@ import collections
 import dataclasses
 import heapq
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
@@ -324,12 +324,7 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
         is_backward: whether a buffer made by the op of this name is the backward
             pass's.
     """
-    if mmap_threshold is None:
-        largest = max((tensor_bytes(b.fixed, b.per, b.cap, batch_size) for e in events
-                       for b in e.allocated if not b.items), default=0)
-        threshold = min(MMAP_THRESHOLD_MAX, largest)
-    else:
-        threshold = mmap_threshold - 1
+    threshold = _largest_heap_buffer(events, batch_size, mmap_threshold)
 
     def mapped_by_glibc(size: int, items: int) -> bool:
         if items:       # an accumulator: many tensors, each its own allocation
@@ -361,14 +356,34 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
                 mapped -= size
             else:
                 heap -= size
+    backward, forward, by_layer = _by_pass(best_live.values(), is_backward)
+    return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
+                forward_bytes=forward, by_layer=by_layer, heap_bytes=heap_peak,
+                mmap_bytes=mapped_peak)
+
+
+def _largest_heap_buffer(events: list[Event], batch_size: int,
+                         mmap_threshold: int | None) -> int:
+    """The largest buffer glibc serves from its heap: below a fixed ``mmap_threshold``;
+    else (glibc's dynamic threshold) the largest buffer of the step, up to
+    :data:`MMAP_THRESHOLD_MAX`."""
+    if mmap_threshold is not None:
+        return mmap_threshold - 1
+    largest = max((tensor_bytes(b.fixed, b.per, b.cap, batch_size) for e in events
+                   for b in e.allocated if not b.items), default=0)
+    return min(MMAP_THRESHOLD_MAX, largest)
+
+
+def _by_pass(live: Iterable[tuple[int, str, bool]], is_backward: Callable[[str], bool]
+             ) -> tuple[int, int, dict[str, int]]:
+    """Live ``(size, owner, mapped)`` buffers split into backward and forward bytes, and
+    the forward bytes by the op that made them."""
     backward = forward = 0
     by_layer: dict[str, int] = collections.defaultdict(int)
-    for size, name, _ in best_live.values():
+    for size, name, _ in live:
         if is_backward(name):
             backward += size
         else:
             forward += size
             by_layer[name] += size
-    return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
-                forward_bytes=forward, by_layer=dict(by_layer), heap_bytes=heap_peak,
-                mmap_bytes=mapped_peak)
+    return backward, forward, dict(by_layer)

@@ -19,11 +19,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
+from memfit import checks
 from memfit.estimate.baseline import ensure_calibration
 from memfit.estimate.measure import ChildResult, measure_training, run_child
-from memfit.estimate.model import EstimateError, ModelSpec, check_policy, parse_input_shape
+from memfit.estimate.model import (
+    EstimateError,
+    ModelSpec,
+    check_policy,
+    input_errors,
+    parse_input_shape,
+)
 from memfit.estimate.optimizers import check_optimizer
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.sizes import format_size, parse_size
@@ -160,65 +168,97 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
     check_policy(dtype_policy)
     if optimizer is not None:
         optimizer = check_optimizer(optimizer)
-    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-        raise EstimateError(f"max_trials must be a positive integer. "
-                            f"Received: max_trials={max_trials!r}")
-    if start is not None and (isinstance(start, bool) or not isinstance(start, int)
-                              or start < 1):
-        raise EstimateError(f"start must be a positive batch size (the first one to try), or "
-                            f"None for the estimate's. Received: start={start!r}")
+    with input_errors():
+        checks.count("max_trials", max_trials)
+        start = checks.count("start", start, optional=True, example=32,
+                             hint="The first batch size to try (None: the estimate's).")
     if not step_factor > 1:
         raise EstimateError(f"step_factor must be above 1. Received: step_factor={step_factor!r}")
     spec = model if isinstance(model, ModelSpec) else ModelSpec(
         str(model), parse_input_shape(input_shape))
-    try:
+    with input_errors():
         allocator = check_allocator(allocator)
-    except ValueError as e:
-        raise EstimateError(str(e)) from None
     report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
                                 allocator)
     estimated = int(report.get("max_batch_size") or 0)
-    trials: list[Trial] = []
-    cache: dict[int, ChildResult] = {}
 
-    def attempt(b: int) -> bool:
-        if b not in cache:
-            r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
-                                 steps=steps, device=device, budget=budget_bytes,
-                                 timeout=timeout, allocator=allocator)
-            if r.status == "error":
-                raise EstimateError(r.message)
-            cache[b] = r
-            trial = Trial(b, r.status, r.peak, r.seconds)
-            trials.append(trial)
-            if on_trial is not None:
-                on_trial(trial)
-        return cache[b].fits
+    def measure(b: int) -> ChildResult:
+        return measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
+                                steps=steps, device=device, budget=budget_bytes,
+                                timeout=timeout, allocator=allocator)
 
-    lo, hi = 0, None                     # largest fitting, smallest failing
-    b = max(1, start if start is not None else estimated)
-    while len(trials) < max_trials:
-        if attempt(b):
-            lo = b
-            if hi is not None:
-                break
-            b = max(b + 1, int(b * step_factor))
-        else:
-            hi = b
-            if lo or b == 1:
-                break
-            b = max(1, int(b / step_factor))
-    while (hi is not None and hi - lo > 1 and len(trials) < max_trials
-           and (lo == 0 or (hi - lo) / lo > precision)):
-        mid = (lo + hi) // 2 if lo else max(1, hi // 2)
-        if attempt(mid):
-            lo = mid
-        else:
-            hi = mid
+    search = _Search(measure, max_trials, on_trial)
+    search.bracket(max(1, start if start is not None else estimated), step_factor)
+    search.bisect(precision)
     advice: tuple[str, ...] = ()
-    if lo == 0:
+    if search.lo == 0:
         advice = tuple(report.get("advice") or ()) or (
             "nothing fits: use mixed precision, a lighter optimizer, or a smaller model",)
-    return SearchResult(batch_size=lo, peak=cache[lo].peak if lo else None,
-                        budget=budget_bytes, estimated=estimated, smallest_failing=hi,
-                        trials=tuple(trials), advice=advice)
+    return SearchResult(batch_size=search.lo,
+                        peak=search.results[search.lo].peak if search.lo else None,
+                        budget=budget_bytes, estimated=estimated,
+                        smallest_failing=search.hi, trials=tuple(search.trials),
+                        advice=advice)
+
+
+class _Search:
+    """Brackets the largest batch size that fits, then bisects; every batch size tried is
+    a child process (:func:`~memfit.estimate.measure.measure_training`), run once.
+
+    Args:
+        measure: runs the child for a batch size.
+        max_trials: the most children to run.
+        on_trial: called with each :class:`Trial` as it ends, or ``None``.
+    """
+
+    def __init__(self, measure: Callable[[int], ChildResult], max_trials: int,
+                 on_trial: Callable[[Trial], Any] | None):
+        self.measure = measure
+        self.max_trials = max_trials
+        self.on_trial = on_trial
+        self.trials: list[Trial] = []
+        self.results: dict[int, ChildResult] = {}
+        self.lo = 0                       # the largest batch size that fits (0: none yet)
+        self.hi: int | None = None        # the smallest that does not
+
+    def fits(self, b: int) -> bool:
+        """Whether batch size ``b`` ran within the budget (a child, the first time)."""
+        if b not in self.results:
+            r = self.measure(b)
+            if r.status == "error":
+                raise EstimateError(r.message)
+            self.results[b] = r
+            trial = Trial(b, r.status, r.peak, r.seconds)
+            self.trials.append(trial)
+            if self.on_trial is not None:
+                self.on_trial(trial)
+        return self.results[b].fits
+
+    def trials_left(self) -> bool:
+        return len(self.trials) < self.max_trials
+
+    def bracket(self, b: int, factor: float) -> None:
+        """From ``b``: grows by ``factor`` while batch sizes fit, shrinks while they do not,
+        until one that fits and one that does not are known (or batch size 1 fails)."""
+        while self.trials_left():
+            if self.fits(b):
+                self.lo = b
+                if self.hi is not None:
+                    break
+                b = max(b + 1, int(b * factor))
+            else:
+                self.hi = b
+                if self.lo or b == 1:
+                    break
+                b = max(1, int(b / factor))
+
+    def bisect(self, precision: float) -> None:
+        """Halves the bracket until it is within ``precision`` of the answer (0: one
+        sample), or no trials are left."""
+        while (self.hi is not None and self.hi - self.lo > 1 and self.trials_left()
+               and (self.lo == 0 or (self.hi - self.lo) / self.lo > precision)):
+            mid = (self.lo + self.hi) // 2 if self.lo else max(1, self.hi // 2)
+            if self.fits(mid):
+                self.lo = mid
+            else:
+                self.hi = mid
