@@ -27,7 +27,6 @@ import numpy as np
 
 from memfit.data.manifest import (
     MANIFEST,
-    Feature,
     ManifestBase,
     ManifestSchema,
     check_dtype,
@@ -64,7 +63,7 @@ class ArraysSplit:
         return sum(f.bytes for f in self.files.values())
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ArraysManifest(ManifestBase[ArraysSplit]):
     """``manifest.json`` of a "memfit-arrays" directory (written last: its presence means
     every ``.npy`` file is complete).
@@ -73,22 +72,13 @@ class ArraysManifest(ManifestBase[ArraysSplit]):
     whose first dimension is the split's samples, so ``np.load(path, mmap_mode="r")`` reads
     it without memfit.
 
+    Its fields are :class:`~memfit.data.manifest.ManifestBase`'s.
+
     Example:
         >>> m = ArraysManifest.load("data/train")                      # doctest: +SKIP
         >>> m.splits["train"].files["x"].file                           # doctest: +SKIP
         'train/x.npy'
     """
-
-    features: dict[str, Feature]
-    splits: dict[str, ArraysSplit]
-    seed: int
-    shuffled: bool
-    memfit_version: str
-    source: str = ""
-    path: Path | None = None
-    # What memfit.pack packed (the source's identity and the options): a rerun of the same
-    # pack finds its dataset complete instead of refusing it.
-    fingerprint: str = ""
 
     @property
     def file_count(self) -> int:
@@ -96,13 +86,7 @@ class ArraysManifest(ManifestBase[ArraysSplit]):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "memfit_version": self.memfit_version,
-            "seed": self.seed,
-            "shuffled": self.shuffled,
-            "source": self.source,
-            "fingerprint": self.fingerprint,
+            **self.common_json(FORMAT, FORMAT_VERSION),
             "features": {n: {"dtype": f.dtype, "shape": list(f.shape)}
                          for n, f in self.features.items()},
             "splits": {n: {"samples": s.samples,

@@ -143,17 +143,40 @@ class Split:
 S = TypeVar("S")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ManifestBase(Generic[S]):
     """What both manifest formats (TFRecord shards, :class:`Manifest`; ``.npy`` arrays,
-    :class:`~memfit.data.arrays_format.ArraysManifest`) share: splits by name, their
-    totals, and saving (the subclass is a frozen dataclass with ``splits``, ``path`` and
-    ``to_json()``)."""
+    :class:`~memfit.data.arrays_format.ArraysManifest`) share: their common fields,
+    splits by name, their totals, and saving (the subclass writes ``to_json()``).
 
+    Attributes:
+        features: name → :class:`Feature`; splits: name → split.
+        seed: the seed of the pack's order; shuffled: written in a shuffled order.
+        memfit_version: the memfit that wrote it; source: what was packed.
+        path: the dataset directory (set when loaded or written).
+        fingerprint: what ``memfit.pack`` packed (the source's identity and the options):
+            a rerun of the same pack finds its dataset complete instead of refusing it.
+    """
+
+    features: dict[str, Feature]
     splits: dict[str, S]
-    path: Path | None
+    seed: int
+    shuffled: bool
+    memfit_version: str
+    source: str = ""
+    path: Path | None = None
+    fingerprint: str = ""
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def common_json(self, fmt: str, version: int, **extra: Any) -> dict[str, Any]:
+        """The fields every manifest writes first, in order (``extra`` after
+        ``shuffled``): what :meth:`ManifestSchema.common` reads back."""
+        return {"format": fmt, "format_version": version,
+                "memfit_version": self.memfit_version, "seed": self.seed,
+                "shuffled": self.shuffled, **extra, "source": self.source,
+                "fingerprint": self.fingerprint}
 
     @property
     def samples(self) -> int:
@@ -180,22 +203,18 @@ class ManifestBase(Generic[S]):
         write_text_atomic(Path(directory) / MANIFEST, json.dumps(self.to_json(), indent=1))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Manifest(ManifestBase[Split]):
-    """The description of a packed dataset (see the module docstring for the layout)."""
+    """The description of a packed dataset (see the module docstring for the layout).
 
-    features: dict[str, Feature]
-    splits: dict[str, Split]
+    Attributes:
+        samples_per_record: samples a record (the last record of a shard may hold fewer).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        (and those of :class:`ManifestBase`)
+    """
+
     samples_per_record: int
     compression: str | None
-    seed: int
-    shuffled: bool
-    memfit_version: str
-    source: str = ""
-    path: Path | None = None
-    # What memfit.pack packed (the source's identity and the options): a rerun of the same
-    # pack finds its dataset complete instead of refusing it.
-    fingerprint: str = ""
 
     # -- reading -------------------------------------------------------------------------
     def files(self, split: str | None = None) -> list[str]:
@@ -222,15 +241,9 @@ class Manifest(ManifestBase[Split]):
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "memfit_version": self.memfit_version,
-            "seed": self.seed,
-            "shuffled": self.shuffled,
-            "samples_per_record": self.samples_per_record,
-            "compression": self.compression,
-            "source": self.source,
-            "fingerprint": self.fingerprint,
+            **self.common_json(FORMAT, FORMAT_VERSION,
+                               samples_per_record=self.samples_per_record,
+                               compression=self.compression),
             "features": {n: f.to_json() for n, f in self.features.items()},
             "splits": {n: {"samples": s.samples, "records": s.records,
                            "raw_bytes": s.raw_bytes,

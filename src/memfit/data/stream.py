@@ -15,14 +15,9 @@ Two readers, one order model. Shards of fixed-shape features, uncompressed (what
       → rebatch to `batch_size` → prefetch
 
 Anything else (variable-shape features, GZIP/ZLIB shards, ``reader="tf"``) is read by
-``tf.data``'s own TFRecord reader (:mod:`memfit.data.tf_reader`)::
-
-    shard files, permuted by (seed, e)
-      → interleave: read `cycle_length` shards at once (CRC32C checked per record)
-      → batch `window_records` records (the shuffle window)
-      → parse the window in one `tf.io.parse_example` + `tf.io.decode_raw` per feature
-      → permute the window's samples by (seed, e, window)
-      → rebatch to `batch_size` → prefetch
+``tf.data``'s own TFRecord reader (:mod:`memfit.data.tf_reader`): shards interleaved
+``cycle_length`` at a time, windows of ``window_records`` records parsed in one
+``tf.io.parse_example`` and permuted by ``(seed, e, window)``, rebatched, prefetched.
 
 ``memory_budget`` decides the window, the read parallelism and the prefetch depth from the
 record sizes in the manifest (print ``ds.memfit_plan`` to see them, and which reader).

@@ -69,13 +69,19 @@ def _shape(shape: tuple) -> str:
         ("," if len(shape) == 1 else "") + ")"
 
 
+def _head(m: Manifest | ArraysManifest, title: str, layout: str) -> list[str]:
+    """The first lines of a packed dataset's description, up to its features."""
+    return [title,
+            f"  {m.samples:,} samples, {format_size(m.bytes)} on disk{layout}, "
+            f"seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
+            f"  source: {m.source or '?'}; written by memfit {m.memfit_version}",
+            "  features:"]
+
+
 def _inspect_arrays(path: str | os.PathLike) -> str:
     m = ArraysManifest.load(path)
-    lines = [f"memfit arrays dataset {m.path} (.npy files, memory-mapped when read)",
-             f"  {m.samples:,} samples, {format_size(m.bytes)} on disk in {m.file_count} .npy "
-             f"files, seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
-             f"  source: {m.source or '?'}; written by memfit {m.memfit_version}",
-             "  features:"]
+    lines = _head(m, f"memfit arrays dataset {m.path} (.npy files, memory-mapped when read)",
+                  f" in {m.file_count} .npy files")
     width = max(len(n) for n in m.features)
     for f in m.features.values():
         lines.append(f"    {f.name:<{width}}  {f.dtype:<8} {_shape(f.shape):<16} "
@@ -115,18 +121,13 @@ def inspect(path: str | os.PathLike) -> str:
     if kind == "npy":
         return _inspect_npy(path)
     m = Manifest.load(path)
-    lines = [f"memfit dataset {m.path}",
-             f"  {m.samples:,} samples, {format_size(m.bytes)} on disk, "
-             f"{m.samples_per_record} samples per record, compression: {m.compression or 'none'}, "
-             f"seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
-             f"  source: {m.source or '?'}; written by memfit {m.memfit_version}",
-             "  features:"]
+    lines = _head(m, f"memfit dataset {m.path}", f", {m.samples_per_record} samples per "
+                  f"record, compression: {m.compression or 'none'}")
     width = max(len(n) for n in m.features)
     for f in m.features.values():
-        shape = "(" + ", ".join("None" if d is None else str(d) for d in f.shape) + \
-            ("," if len(f.shape) == 1 else "") + ")"
         per = "variable" if f.variable else f"{format_size(f.sample_bytes)}/sample"
-        lines.append(f"    {f.name:<{width}}  {f.dtype:<8} {shape:<16} {f.encoding:<12} {per}")
+        lines.append(f"    {f.name:<{width}}  {f.dtype:<8} {_shape(f.shape):<16} "
+                     f"{f.encoding:<12} {per}")
     lines.append("  splits:")
     for s in m.splits.values():
         lines.append(f"    {s.name:<8} {s.samples:>12,} samples {s.records:>10,} records "
