@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from memfit.env import CACHE_ENV
 from memfit.estimate.baseline import (
-    CACHE_ENV,
     DEFAULT_BASELINE,
     Calibration,
     save_calibration,

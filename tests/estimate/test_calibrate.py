@@ -5,9 +5,10 @@ import json
 import pytest
 
 from memfit.cli import main
+from memfit.env import CACHE_ENV
 from memfit.errors import MemfitError
 from memfit.estimate import calibrate, framework_baseline, load_calibration
-from memfit.estimate.baseline import CACHE_ENV, DEFAULT_BASELINE, cache_path, check_device
+from memfit.estimate.baseline import DEFAULT_BASELINE, cache_path, check_device
 
 
 @pytest.fixture

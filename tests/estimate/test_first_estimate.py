@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from memfit.env import CACHE_ENV
 from memfit.estimate import baseline
 from memfit.estimate.baseline import (
-    CACHE_ENV,
     DEFAULT_BASELINE,
     Calibration,
     CalibrationError,

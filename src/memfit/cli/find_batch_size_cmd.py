@@ -41,13 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memfit.estimate.search import find_batch_size
+    from memfit.estimate.search import Trial, find_batch_size
     from memfit.sizes import format_size
 
-    def progress(trial: object) -> None:
-        peak = format_size(trial.peak) if trial.peak is not None else "n/a"  # type: ignore[attr-defined]
-        print(f"  batch {trial.batch_size}: {trial.status} (peak {peak})",  # type: ignore[attr-defined]
-              file=sys.stderr)
+    def progress(trial: Trial) -> None:
+        peak = format_size(trial.peak) if trial.peak is not None else "n/a"
+        print(f"  batch {trial.batch_size}: {trial.status} (peak {peak})", file=sys.stderr)
 
     r = find_batch_size(args.model, args.budget, dtype_policy=args.dtype_policy,
                         optimizer=args.optimizer, input_shape=args.input_shape,

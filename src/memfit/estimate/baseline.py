@@ -44,12 +44,11 @@ from memfit.sizes import format_size
 
 __all__ = ["Calibration", "calibrate", "load_calibration", "framework_baseline",
            "ensure_calibration", "save_calibration", "cache_path", "DEFAULT_BASELINE",
-           "check_device", "CACHE_ENV"]
+           "check_device"]
 
 log = logging.getLogger("memfit.estimate")
 
 FORMAT = "memfit-calibration"
-#: Set to a directory to keep the calibration cache there instead of under XDG_CACHE_HOME.
 # Used until `memfit calibrate` ran: TF 2.21 + Keras 3 on x86-64 Linux (CPU: anonymous
 # RSS; GPU: NVML per-process memory of a CUDA context with TensorFlow started).
 DEFAULT_BASELINE = {"cpu": 220 * 2**20, "gpu": 600 * 2**20}
@@ -96,7 +95,15 @@ class Calibration:
 
 
 def check_device(device: str) -> str:
-    """``"cpu"``, ``"gpu"`` (= ``"gpu:0"``) or ``"gpu:N"``; raises for anything else."""
+    """``"cpu"``, ``"gpu"`` (= ``"gpu:0"``) or ``"gpu:N"``; raises for anything else.
+
+    Example:
+        >>> check_device("GPU"), check_device("gpu:1")
+        ('gpu:0', 'gpu:1')
+
+    Raises:
+        MemfitError: quoting the value.
+    """
     text = device.strip().lower() if isinstance(device, str) else ""
     if text == "gpu":
         text = "gpu:0"

@@ -97,7 +97,7 @@ def make_optimizer(optimizer: Any) -> Any:
     """A fresh Keras optimizer for a name from :data:`OPTIMIZERS`, or ``optimizer`` itself.
 
     Example:
-        >>> make_optimizer("sgd+momentum").momentum                     # doctest: +SKIP
+        >>> make_optimizer("sgd+momentum").momentum
         0.9
     """
     import keras
