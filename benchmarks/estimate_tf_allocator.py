@@ -112,7 +112,7 @@ def main() -> None:
         model.train_on_batch(x, y)                    # trace and warm up
         held = _held(model, x, y, args.steps)
         played = Estimator(source, dtype_policy=args.dtype_policy, input_shape=shape,
-                           allocator="fixed")._peak(batch).bytes / MIB
+                           allocator="fixed").features(batch)["peak"] / MIB
         print(f"{args.model} {args.dtype_policy} batch {batch}: TensorFlow held "
               f"{', '.join(f'{h:.1f}' for h in held)} MiB above the step's start; "
               f"the estimate plays {played:.1f} MiB of step tensors", flush=True)
