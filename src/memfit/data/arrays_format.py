@@ -75,9 +75,13 @@ class ArraysManifest(ManifestBase[ArraysSplit]):
     Its fields are :class:`~memfit.data.manifest.ManifestBase`'s.
 
     Example:
-        >>> m = ArraysManifest.load("data/train")                      # doctest: +SKIP
-        >>> m.splits["train"].files["x"].file                           # doctest: +SKIP
-        'train/x.npy'
+        >>> import tempfile
+        >>> from memfit.data.pack import pack
+        >>> out = tempfile.mkdtemp() + "/a"
+        >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, format="arrays", progress=False)
+        >>> m = ArraysManifest.load(out)
+        >>> m.splits["train"].files["x"].file, m.samples, manifest_format(out)
+        ('train/x.npy', 10, 'memfit-arrays')
     """
 
     @property
@@ -134,8 +138,9 @@ def manifest_format(path: str | os.PathLike) -> str | None:
     """The ``format`` of ``PATH/manifest.json`` (or of that file), ``None`` without one.
 
     Example:
-        >>> manifest_format("data/train")                              # doctest: +SKIP
-        'memfit-arrays'
+        >>> import tempfile
+        >>> manifest_format(tempfile.mkdtemp()) is None             # no manifest.json there
+        True
     """
     file = manifest_file(path)
     if not file.is_file():
@@ -187,7 +192,12 @@ def open_npy(name: str, path: str | os.PathLike) -> np.memmap:
     """Memory-maps one feature's ``.npy`` file after checking it is whole and usable.
 
     Example:
-        >>> x = open_npy("x", "x.npy")                                  # doctest: +SKIP
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "x.npy"
+        >>> np.save(path, np.zeros((5, 3), "float32"))
+        >>> x = open_npy("x", path)
+        >>> type(x).__name__, x.shape
+        ('memmap', (5, 3))
 
     Args:
         name: the feature name (for the error messages).

@@ -73,9 +73,11 @@ def pass_epochs(epoch: int, per_epoch: int) -> tuple[tf.data.Dataset, Any]:
     three (each goes through grappler when an iterator is made).
 
     Example:
-        >>> pairs, counter = pass_epochs(0, 3)                         # doctest: +SKIP
-        >>> [p.tolist() for p in pairs.as_numpy_iterator()]            # doctest: +SKIP
+        >>> pairs, counter = pass_epochs(0, 3)
+        >>> [p.tolist() for p in pairs.as_numpy_iterator()]
         [[0, 0], [0, 1], [0, 2]]
+        >>> [p.tolist() for p in pairs.as_numpy_iterator()]        # the next pass: epoch 1
+        [[1, 0], [1, 1], [1, 2]]
 
     Args:
         epoch: the first pass's epoch.

@@ -4,11 +4,17 @@ The manifest is written last, after every shard has been renamed into place, so 
 presence means the dataset is whole. It documents the feature spec well enough to read
 the shards with plain TensorFlow (see :meth:`Manifest.tf_feature_spec`):
 
-    >>> import json, tensorflow as tf                               # doctest: +SKIP
-    >>> m = Manifest.load("data/train")                             # doctest: +SKIP
-    >>> ds = tf.data.TFRecordDataset(m.files("train"))              # doctest: +SKIP
+    >>> import tempfile, tensorflow as tf
+    >>> from memfit.data.pack import pack
+    >>> out = tempfile.mkdtemp() + "/d"
+    >>> _ = pack({"x": np.arange(8, dtype="float32").reshape(4, 2)}, out,
+    ...          samples_per_record=2, progress=False)
+    >>> m = Manifest.load(out)
+    >>> ds = tf.data.TFRecordDataset(m.files("train"))
     >>> ds = ds.batch(8).map(lambda r: tf.io.parse_example(r, m.tf_feature_spec()))
-    ...                                                             # doctest: +SKIP
+    >>> x = tf.reshape(tf.io.decode_raw(next(iter(ds))["x"], tf.float32), [-1, 2])
+    >>> sorted(x.numpy().tolist())                  # packed in a shuffled order
+    [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
 
 Layout of one record: a block of up to ``samples_per_record`` consecutive samples; each
 feature is one ``bytes_list`` value with the block's values (C order, little-endian) —
@@ -321,10 +327,16 @@ class ManifestSchema:
     error names the file, the field and the value, and says what to do.
 
     Example:
-        >>> schema = ManifestSchema("data/train/manifest.json")        # doctest: +SKIP
-        >>> doc = schema.document(FORMAT, FORMAT_VERSION)               # doctest: +SKIP
-        >>> schema.count(doc, "seed")                                   # doctest: +SKIP
-        0
+        >>> import tempfile
+        >>> file = Path(tempfile.mkdtemp()) / MANIFEST
+        >>> _ = file.write_text('{"format": "memfit-tfrecord-blocks", "format_version": 1, '
+        ...                     '"seed": -1}')
+        >>> schema = ManifestSchema(file)
+        >>> doc = schema.document(FORMAT, FORMAT_VERSION)
+        >>> schema.count(doc, "seed")                                   # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memfit.errors.DatasetError: ...: seed is -1, not a non-negative integer. ...
     """
 
     def __init__(self, file: str | os.PathLike):
