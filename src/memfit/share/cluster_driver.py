@@ -1,0 +1,235 @@
+"""The Ray driver of ``memfit share --ray``: a child process that talks to Ray, and nothing else.
+
+    python -m memfit.share.cluster_driver REQUEST
+
+:func:`memfit.share.cluster.run_on_ray` starts this module in its own process, its output
+going to ``WORKDIR/ray/driver.log``: everything Ray prints (its own log lines, its
+task-retry notices, its C++ warnings) lands there, never on the user's terminal. It:
+
+1. joins the cluster at the request's address (``$RAY_ADDRESS`` when none), or starts a
+   local Ray instance (no dashboard, a 128 MiB object store, its memory the budget if
+   one was given); a local instance, or a cluster on a loopback address, keeps all of
+   Ray's traffic on 127.0.0.1;
+2. reads the live nodes and places the plan on them
+   (:func:`memfit.share.cluster_nodes.place`): a job that fits no node stops it here,
+   before anything starts;
+3. writes the share log's ``start`` event (the nodes, the jobs and their shares) and
+   submits one task per job (:func:`memfit.share.cluster_job.run_job`) declaring its
+   charge, retried by Ray up to ``max_retries`` times when its node dies;
+4. waits for them; on SIGTERM or SIGINT (passed on by the parent) cancels them (each job
+   gets SIGTERM and checkpoints), then forces them after a grace period;
+5. writes the result (``WORKDIR/ray/result.pkl``: every job's record, the placed plan,
+   the nodes, or the error that stopped it) and shuts Ray down.
+
+The request and the result are pickles written by memfit for memfit, next to each other.
+
+Example:
+    >>> request = {"plan": plan, "address": None, "memory": None, "interval": 0.5,
+    ...            "num_cpus": 1, "max_retries": 3, "card": None,
+    ...            "since": time.time()}                         # doctest: +SKIP
+    >>> write_pickle(path, request)                             # doctest: +SKIP
+    >>> subprocess.run([sys.executable, "-m", "memfit.share.cluster_driver", path])
+    ... # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from memfit.atomic import temporary_name
+from memfit.memory.log import MemoryLog
+from memfit.share.cluster_job import STOP_GRACE, run_job
+from memfit.share.cluster_nodes import ClusterError, ClusterFitError, parse_nodes, place
+from memfit.share.planner import Plan
+from memfit.workdir import Workdir
+
+__all__ = ["main", "is_loopback", "write_pickle", "read_pickle", "OBJECT_STORE",
+           "RESULT_NAME", "REQUEST_NAME", "DRIVER_LOG_NAME", "RAY_DIR"]
+
+OBJECT_STORE = 128 * 2**20          # the local instance's object store: jobs pass no data
+RAY_DIR = "ray"                     # WORKDIR/ray/: the driver's request, result and log
+REQUEST_NAME = "request.pkl"
+RESULT_NAME = "result.pkl"
+DRIVER_LOG_NAME = "driver.log"
+# Ray resolves a loopback address to the machine's outward IP unless told it is one
+# machine (its own switch, read when Ray is imported).
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a Ray address (``host:port``, ``None`` for a local instance) stays on this
+    machine's loopback interface.
+
+    Example:
+        >>> is_loopback("127.0.0.1:6379"), is_loopback("localhost:6379"), is_loopback(None)
+        (True, True, True)
+        >>> is_loopback("10.0.0.5:6379")
+        False
+
+    Args:
+        address: the address, or ``None``.
+    """
+    if address is None or address == "local":
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def write_pickle(path: Path, value: Any) -> None:
+    """Writes ``value`` under a temporary name, then renames it (a reader never sees half).
+
+    Args:
+        path: the file.
+        value: what to pickle.
+    """
+    tmp = temporary_name(path)
+    tmp.write_bytes(pickle.dumps(value))
+    os.replace(tmp, path)
+
+
+def read_pickle(path: Path) -> Any:
+    """What :func:`write_pickle` wrote to ``path``.
+
+    Args:
+        path: the file.
+    """
+    return pickle.loads(path.read_bytes())
+
+
+def _connect(ray: Any, address: str | None, memory: int | None) -> str:
+    """``ray.init`` quietly; returns the address joined, or ``"local"``."""
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR,
+             "configure_logging": True}
+    if address is None:
+        ray.init(address="local", include_dashboard=False, object_store_memory=OBJECT_STORE,
+                 _memory=memory, **quiet)
+        return "local"
+    ray.init(address=address, **quiet)
+    return address
+
+
+def _failure(error: BaseException) -> str:
+    """A Ray error in one line."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
+    plan: Plan = request["plan"]
+    nodes = parse_nodes(ray.nodes())
+    plan, options = place(plan, nodes, num_cpus=request["num_cpus"], card=request["card"])
+    nodes = [n for n in nodes if n.cpus >= request["num_cpus"]]     # those that run jobs
+    workdir = str(Path(plan.workdir).resolve())
+    with MemoryLog(Workdir(workdir).log, source="share", budget=plan.budget,
+                   device=plan.device, overhead=plan.overhead,
+                   overhead_source=plan.overhead_source, jobs_file=plan.source,
+                   interval=request["interval"], ray=request["joined"],
+                   nodes=[n.to_json() for n in nodes],
+                   jobs=[{"name": j.name, "command": list(j.command), "need": j.need,
+                          "need_source": j.need_source, "share": j.charge,
+                          "restart": j.restart, "ray": options[j.name]}
+                         for j in plan.jobs]):
+        pass
+    task = ray.remote(run_job)
+    pending = {}
+    for job in plan.jobs:            # largest charge first: Ray places them in this order
+        ref = task.options(**options[job.name], max_retries=request["max_retries"],
+                           retry_exceptions=False, name=f"memfit-share:{job.name}").remote(
+            job, plan.device, workdir, request["interval"], request["since"])
+        pending[ref] = job.name
+    records: dict[str, dict] = {}
+    cancelled_at: float | None = None
+    forced = False
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+        for ref in ready:
+            name = pending.pop(ref)
+            try:
+                records[name] = ray.get(ref)
+            except Exception as e:          # noqa: BLE001 - Ray's errors: the job failed
+                if cancelled_at is not None:
+                    records[name] = {"name": name, "state": "interrupted",
+                                     "reason": "cancelled"}
+                else:
+                    records[name] = {"name": name, "state": "failed", "reason": _failure(e)}
+        if received and cancelled_at is None:
+            cancelled_at = time.monotonic()
+            for ref in pending:
+                ray.cancel(ref)             # KeyboardInterrupt in the task: SIGTERM the job
+        if cancelled_at is not None and not forced \
+                and time.monotonic() - cancelled_at > STOP_GRACE + 5:
+            forced = True
+            for ref in pending:
+                ray.cancel(ref, force=True)
+        if forced and time.monotonic() - cancelled_at > STOP_GRACE + 15:
+            for name in pending.values():
+                records[name] = {"name": name, "state": "interrupted",
+                                 "reason": "cancelled; its task did not answer"}
+            break
+    return {"plan": plan, "nodes": nodes, "records": records,
+            "interrupted": bool(received)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the request in ``argv[0]`` and writes the result next to it; 0 unless the
+    request could not be read (the result says what went wrong otherwise).
+
+    Args:
+        argv: ``[REQUEST]`` (default: ``sys.argv[1:]``).
+    """
+    args = sys.argv[1:] if argv is None else argv
+    request_path = Path(args[0])
+    request = read_pickle(request_path)
+    result_path = request_path.with_name(RESULT_NAME)
+    received: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    signal.signal(signal.SIGINT, note)
+    signal.signal(signal.SIGTERM, note)
+    address = request["address"]
+    if is_loopback(address):
+        os.environ.setdefault(_LOOPBACK_ENV, "0")
+    if address is None:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    result: dict[str, Any]
+    try:
+        import ray
+    except ImportError as e:
+        write_pickle(result_path, {"error": ("missing", str(e))})
+        return 0
+    try:
+        request["joined"] = _connect(ray, address, request["memory"])
+    except Exception as e:      # noqa: BLE001 - any failure to connect is told in one line
+        write_pickle(result_path, {"error": ("connect", _failure(e))})
+        return 0
+    try:
+        result = _run(request, ray, received)
+    except ClusterFitError as e:
+        result = {"error": ("fit", str(e))}
+    except ClusterError as e:
+        result = {"error": ("cluster", str(e))}
+    except Exception as e:      # noqa: BLE001 - told to the parent, with the driver log
+        logging.getLogger(__name__).exception("memfit share --ray failed")
+        result = {"error": ("cluster", f"{type(e).__name__}: {_failure(e)}")}
+    write_pickle(result_path, result)
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
