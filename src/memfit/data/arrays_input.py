@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from memfit.data.arrays_format import FORMAT, ArraysManifest, manifest_format, open_npy
-from memfit.data.manifest import check_dtype
+from memfit.data.manifest import check_dtype, check_feature_name
 from memfit.errors import DatasetError
 
 __all__ = ["ArraysInput", "resolve", "open_columns", "check_indices"]
@@ -51,9 +51,7 @@ def resolve(source: Any, split: str | None) -> ArraysInput:
                                "{'x': 'x.npy', 'y': 'y.npy'}. Received: {}")
         paths, arrays = {}, {}
         for name, value in source.items():
-            if not isinstance(name, str) or not name or "/" in name:
-                raise DatasetError(f"Feature names must be non-empty strings without '/'. "
-                                   f"Received: {name!r}")
+            check_feature_name(name)
             if isinstance(value, str | os.PathLike):
                 paths[name] = str(value)
             elif isinstance(value, np.ndarray):

@@ -42,7 +42,7 @@ from memfit.errors import DatasetError
 
 __all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestBase", "ManifestSchema",
            "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES", "check_dtype",
-           "manifest_file", "shard_name"]
+           "check_feature_name", "manifest_file", "shard_name"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
@@ -72,6 +72,22 @@ def check_dtype(name: str, dtype: Any, where: str = "") -> str:
             f"Convert it to one of {', '.join(SUPPORTED_DTYPES)} (e.g. encode strings as "
             f"integer ids). Received: {name}.dtype={dtype}")
     return dtype.name
+
+
+def check_feature_name(name: Any) -> str:
+    """A feature's name: a non-empty string without ``/`` (it names files and the
+    ``<name>/lengths`` entry of a variable feature).
+
+    Example:
+        >>> check_feature_name("x/y")                               # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memfit.errors.DatasetError: Feature names must be ... Received: 'x/y'
+    """
+    if not isinstance(name, str) or not name or "/" in name:
+        raise DatasetError(f"Feature names must be non-empty strings without '/'. "
+                           f"Received: {name!r}")
+    return name
 
 
 def manifest_file(path: str | os.PathLike) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from memfit.data.buffers import release_pages
-from memfit.data.manifest import Feature, check_dtype
+from memfit.data.manifest import Feature, check_dtype, check_feature_name
 from memfit.errors import DatasetError
 
 __all__ = ["ArraySource", "StreamSource", "open_source", "csv_to_npy"]
@@ -63,9 +63,7 @@ class ArraySource:
         self.features: dict[str, Feature] = {}
         lengths = {}
         for name, col in columns.items():
-            if not isinstance(name, str) or not name or "/" in name:
-                raise DatasetError(f"Feature names must be non-empty strings without '/'. "
-                                   f"Received: {name!r}")
+            check_feature_name(name)
             if name in variable:
                 rows = list(col)
                 self.features[name] = self._variable_feature(name, rows)
