@@ -8,10 +8,10 @@ budget: the reader's memory model), and this one: which samples make each window
 the ``tf.data`` pipeline over the windows.
 
 Since a window's order is decided before it is read, the reader knows where each sample
-goes: with memfit's C loop
-(:func:`~memfit.data.block_layout.reads_into_batches`) each sample is read straight into
-its batch row; without it, records are read into scratch buffers (reused from call to
-call) and one ``np.take`` per feature gathers the samples into aligned batches.
+goes: with memfit's C loop (:func:`~memfit.data.block_layout.reads_into_batches`) each
+sample is read straight into its batch row; without it, records are read into scratch
+buffers (reused from call to call) and one ``np.take`` per feature gathers the samples
+into aligned batches.
 
 The order of epoch ``e`` (a pure function of ``(seed, e)``):
 
@@ -33,7 +33,6 @@ the record's index (``tf.errors.InvalidArgumentError`` through ``tf.data``); wit
 ``on_corrupt="skip"`` its samples are left out and a warning on stderr counts the
 records skipped. Fixed-length records let the reader go on after a damaged record
 instead of losing the rest of the shard.
-
 
 Example:
     >>> import tempfile
