@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import memfit
+from memfit.env import WORKDIR_ENV
 from memfit.memory.log import Event, read_log
 from memfit.share.cluster import (
     ClusterError,
@@ -48,13 +49,15 @@ def _node_args(**more) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True,
-                head_node_args=_node_args(num_cpus=0, include_dashboard=False))
-    for _ in range(2):
-        c.add_node(**_node_args(num_cpus=4, memory=NODE_MEMORY))
-    c.wait_for_nodes()
-    yield c
-    c.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")       # nothing leaves this machine
+        c = Cluster(initialize_head=True,
+                    head_node_args=_node_args(num_cpus=0, include_dashboard=False))
+        for _ in range(2):
+            c.add_node(**_node_args(num_cpus=4, memory=NODE_MEMORY))
+        c.wait_for_nodes()
+        yield c
+        c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +193,7 @@ def test_a_job_whose_node_dies_is_resumed_exactly_on_the_other(cluster, data, tm
     memfit.session resumes it, and its weights end bit-identical to an uninterrupted run."""
     reference = subprocess.Popen(
         [sys.executable, str(TRAIN), str(data), str(tmp_path / "reference"), "--epochs",
-         "4"], env={**os.environ, **BASE, "MEMFIT_WORKDIR": str(tmp_path / "reference-wd")},
+         "4"], env={**os.environ, **BASE, WORKDIR_ENV: str(tmp_path / "reference-wd")},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     workdir, out = tmp_path / "share", tmp_path / "out"
     removed: list[str] = []
@@ -220,9 +223,13 @@ def test_a_job_whose_node_dies_is_resumed_exactly_on_the_other(cluster, data, tm
     assert victim.state == "finished", victim.reason
     ran_on = result.nodes_of["victim"]
     assert removed and ran_on[0] == removed[0] and ran_on[-1] != removed[0], ran_on
-    resumed = [r for r in read_log(workdir / "jobs" / "victim" / "memory.jsonl")
-               if r["event"] == Event.RESUME]
-    assert resumed and resumed[-1]["step"] + resumed[-1]["epoch"] > 0  # not from scratch
+    own = list(read_log(workdir / "jobs" / "victim" / "memory.jsonl"))
+    # The dying worker's tether turned the node's death into a SIGTERM: a checkpoint...
+    assert any(r["event"] == Event.CHECKPOINT and str(r.get("reason")).startswith("preempted")
+               for r in own), [r for r in own if r["event"] == Event.CHECKPOINT]
+    # ...from which the retry on the other node resumed, not from scratch.
+    resumed = [r for r in own if r["event"] == Event.RESUME]
+    assert resumed[-1]["epoch"] + resumed[-1]["step"] > 0
     ours = np.load(out / "victim" / "final.npz")
     theirs = np.load(tmp_path / "reference" / "final.npz")
     assert len(ours.files) == len(theirs.files)

@@ -6,7 +6,8 @@ one machine, for one job:
 
 - starts the job as :mod:`memfit.share.launch` says (its command, under ``memfit run``
   with ``--max-rss``/``--hard-rss`` from its share when supervised; its environment;
-  its output appended to ``WORKDIR/jobs/NAME/stdout.log`` and ``stderr.log``), tethered
+  its output to ``WORKDIR/jobs/NAME/stdout.log`` and ``stderr.log``, appended to by a
+  retry), tethered
   to the Ray worker (:mod:`memfit.share.cluster_tether`): should the worker die, the job
   gets SIGTERM, checkpoints and exits, and Ray retries the task on another node, where
   ``memfit.session`` resumes it from that checkpoint;
@@ -75,23 +76,6 @@ def attempts(log_path: os.PathLike, name: str, since: float) -> int:
         return 0
 
 
-def _supervisor_log(files: JobFiles, started: float) -> tuple[list[dict], str]:
-    """A supervised job's restarts (``memfit run``'s log in its directory) and the reason
-    it stopped, if it did."""
-    restarts, stop = [], ""
-    try:
-        for record in read_log(Workdir(files.directory).log):
-            if record["t"] < started - 1:
-                continue
-            if record["event"] == Event.RESTART:
-                restarts.append(record)
-            elif record["event"] == Event.STOP:
-                stop = str(record.get("reason") or "")
-    except (LogError, OSError):
-        pass
-    return restarts, stop
-
-
 def _kill_training(tether: int) -> None:
     """SIGKILL to every process below ``memfit run`` (the tether's child): its training
     process dies, and ``memfit run`` lives on to restart it."""
@@ -147,7 +131,8 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
     where = {"job": job.name, "node": node, "attempt": attempt}
     started = time.time()
     try:
-        with open(files.stdout, "ab") as out, open(files.stderr, "ab") as err:
+        mode = "wb" if attempt == 1 else "ab"      # a retry keeps what the first said
+        with open(files.stdout, mode) as out, open(files.stderr, mode) as err:
             proc = start(command, env, stdout=out, stderr=err)
     except Exception as e:      # noqa: BLE001 - a job that cannot start fails alone
         code = getattr(e, "exit_code", 126)
@@ -192,7 +177,7 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
         proc.wait(timeout=STOP_GRACE)
     ended = time.time()
     code = exit_code(proc.returncode if proc.returncode is not None else -signal.SIGKILL)
-    restarts, stop = _supervisor_log(files, started) if job.restart else ([], "")
+    restarts, stop = files.supervisor_events(started) if job.restart else ([], "")
     for r in restarts:
         log.write(Event.RESTART, pid=proc.pid, t=r["t"], reason=r.get("reason"), **where)
     if stopped == "over-share":

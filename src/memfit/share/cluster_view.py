@@ -11,9 +11,10 @@ printing (a job started, retried on another node, stopped, ended).
 
 Example:
     >>> view = ClusterView()
-    >>> _ = view.feed([{"t": 1.0, "pid": 1, "event": "start", "source": "share",
-    ...                 "device": "cpu", "nodes": [{"name": "n1", "memory": 1000}],
-    ...                 "jobs": [{"name": "a", "share": 600}]}])
+    >>> view.feed([{"t": 1.0, "pid": 1, "event": "start", "source": "share", "ray": "local",
+    ...             "device": "cpu", "nodes": [{"name": "n1", "memory": 1000}],
+    ...             "jobs": [{"name": "a", "share": 600}]}])
+    ['1 jobs on Ray (local), 1 nodes: n1 (1000 B)']
     >>> view.feed([{"t": 2.0, "pid": 7, "event": "job_start", "job": "a", "node": "n1",
     ...             "attempt": 1, "share": 600}])
     ['started a on node n1 (pid 7, share 600 B)']
@@ -155,6 +156,9 @@ class ClusterView:
                 self.node_memory = {n["name"]: int(n["memory"]) for n in r["nodes"]}
                 for j in r.get("jobs", []):
                     self._job(j["name"]).share = int(j["share"])
+                told.append(f"{len(self.jobs)} jobs on Ray ({r.get('ray', '?')}), "
+                            f"{len(self.node_memory)} nodes: " + ", ".join(
+                                f"{n} ({format_size(m)})" for n, m in self.node_memory.items()))
             elif event == Event.JOB_START and name:
                 job = self._job(name)
                 self._leave(job)
