@@ -1,6 +1,8 @@
 """The checkpoint store: atomic switch, what survives a kill, what is refused."""
 
+import dataclasses
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -13,6 +15,7 @@ import pytest
 from memfit.atomic import TMP_MARK
 from memfit.supervise import CheckpointError, CheckpointStore, checkpoint
 from memfit.supervise.checkpoint import STATE_NAME, CheckpointWriteError, where
+from memfit.supervise.state import CheckpointState
 
 
 def write(store: CheckpointStore, epoch: int, step: int = 0) -> checkpoint.Checkpoint:
@@ -192,3 +195,38 @@ def test_files_are_flushed_before_the_rename(tmp_path, monkeypatch):
                         lambda a, b: (order.append("rename"), real_rename(a, b)))
     write(store, 0)
     assert order == ["fsync", "rename"]
+
+
+def test_state_json_keeps_its_format(tmp_path, monkeypatch):
+    """A CheckpointState is written as memfit has always written state.json (format 2:
+    the same keys in the same order), and read back equal."""
+    monkeypatch.setattr(checkpoint.time, "time", lambda: 1796030000.5)
+    state = CheckpointState(epoch=3, step=17, seed=42, reason="steps",
+                            history={"loss": [1.0, 0.5]}, logs={"loss": 0.25},
+                            rng={"python": [3, [1, 2], None]},
+                            fingerprint={"weights": [], "names": [], "optimizer": None,
+                                         "optimizer_variables": 0})
+    ckpt = CheckpointStore(tmp_path).write(state, lambda d: (d / "a").write_bytes(b"x"))
+    record = json.loads((ckpt.path / STATE_NAME).read_text())
+    assert list(record) == ["format", "format_version", "time", "epoch", "step", "seed",
+                            "reason", "history", "logs", "rng", "fingerprint", "files",
+                            "checksum"]
+    assert record["format_version"] == 2 and record["time"] == 1796030000.5
+    assert ckpt.contents == dataclasses.replace(state, time=1796030000.5)
+    assert CheckpointStore(tmp_path).latest().contents == ckpt.contents
+
+
+def test_a_state_with_a_wrong_field_counts_as_damaged(tmp_path, capfd):
+    store = CheckpointStore(tmp_path / "checkpoints")
+    write(store, 1, 5)
+    newest = write(store, 2)
+    path = newest.path / STATE_NAME
+    record = json.loads(path.read_text())
+    record["epoch"] = "two"
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    record["checksum"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    path.write_text(json.dumps(record))
+    assert store.recover().position == (1, 5)
+    assert "Received: epoch='two'" in capfd.readouterr().err
+    with pytest.raises(ValueError, match="Received: step=-1"):
+        store.write({"epoch": 3, "step": -1}, lambda d: None)

@@ -4,7 +4,8 @@ loadable one.
 Layout (``WORKDIR/checkpoints/``)::
 
     ckpt-000007/            the newest complete checkpoint
-      state.json            position (epoch, step), seed, history, RNG states, fingerprint
+      state.json            a CheckpointState (position, seed, history, RNG states,
+                            fingerprint...) with the format, every file's sha256 and its own
       model.weights.h5      weights and optimizer state (Keras ``save_weights`` format)
       arrays.npz            variables that file lacks (seed generators) and metric states
     ckpt-000006/            the one before, kept until a newer one is complete
@@ -25,9 +26,9 @@ import TensorFlow: the parent reads positions from it.
 Example:
     >>> import tempfile, pathlib
     >>> store = CheckpointStore(pathlib.Path(tempfile.mkdtemp()))
-    >>> ckpt = store.write({"epoch": 1, "step": 0}, lambda d: None)
-    >>> store.latest().position
-    (1, 0)
+    >>> ckpt = store.write(CheckpointState(epoch=1, reason="epoch"), lambda d: None)
+    >>> store.latest().position, store.latest().contents.reason
+    ((1, 0), 'epoch')
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from memfit import checks
 from memfit.atomic import TMP_MARK, file_sha256
 from memfit.errors import MemfitError
+from memfit.supervise.state import CheckpointState
 
 __all__ = ["Checkpoint", "CheckpointStore", "CheckpointError", "CheckpointWriteError",
            "FORMAT", "STATE_NAME", "WEIGHTS_NAME", "ARRAYS_NAME", "DAMAGED_PREFIX", "where"]
@@ -88,27 +92,30 @@ class Checkpoint:
     Attributes:
         path: its directory.
         seq: its sequence number (``ckpt-000007`` is 7).
-        state: the contents of its ``state.json``.
+        state: its ``state.json`` as written (with ``format``, ``files``, ``checksum``).
+        contents: the :class:`~memfit.supervise.state.CheckpointState` it holds, checked:
+            what the training and its supervisor read.
     """
 
     path: Path
     seq: int
     state: dict
+    contents: CheckpointState
 
     @property
     def epoch(self) -> int:
         """The epoch to resume at."""
-        return int(self.state["epoch"])
+        return self.contents.epoch
 
     @property
     def step(self) -> int:
         """Steps of ``epoch`` already done (0 at an epoch boundary)."""
-        return int(self.state.get("step", 0))
+        return self.contents.step
 
     @property
     def position(self) -> tuple[int, int]:
         """``(epoch, step)``: where training resumes."""
-        return self.epoch, self.step
+        return self.contents.position
 
     @property
     def weights(self) -> Path:
@@ -131,8 +138,19 @@ def _state_checksum(state: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _load(path: Path) -> dict:
-    """A checkpoint directory's state, after checking it and every file it lists.
+def _record(state: CheckpointState, files: dict[str, dict]) -> dict:
+    """The ``state.json`` object of ``state``: format, time, the state, every file's size
+    and sha256, and a checksum of itself (in this key order, as memfit has written it)."""
+    body = state.to_json()
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "time": body.pop("time"),
+              **body, "files": files}
+    record["checksum"] = _state_checksum(record)
+    return record
+
+
+def _load(path: Path) -> tuple[dict, CheckpointState]:
+    """A checkpoint directory's ``state.json`` and the state it holds, after checking it
+    and every file it lists.
 
     Raises:
         _Damaged: the state or a file fails a check (the message names the file).
@@ -152,9 +170,13 @@ def _load(path: Path) -> dict:
             f"{str(state_path)!r} is not a memfit checkpoint (format "
             f"{state.get('format')!r}). Use a new workdir, or move "
             f"{str(path.parent)!r} away.")
+    try:
+        contents = CheckpointState.from_json(state)
+    except ValueError as e:
+        raise _Damaged(f"{str(state_path)!r} holds no valid checkpoint state ({e})") from None
     files = state.get("files")
     if not isinstance(files, dict):         # format 1: written before checksums
-        return state
+        return state, contents
     for name, expected in files.items():
         file = path / name
         try:
@@ -167,7 +189,7 @@ def _load(path: Path) -> dict:
         if file_sha256(file) != expected.get("sha256"):
             raise _Damaged(f"{str(file)!r} does not match its sha256 (changed on disk since "
                            f"it was written)")
-    return state
+    return state, contents
 
 
 def _fsync(path: Path) -> None:
@@ -194,11 +216,9 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str | os.PathLike, *, keep: int = 2):
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-            raise ValueError(f"keep must be an integer of at least 2 (the newest checkpoint "
-                             f"and the one before it). Received: keep={keep!r}")
         self.directory = Path(directory)
-        self.keep = keep
+        self.keep = checks.count("keep", keep, minimum=2, example=2,
+                                 hint="It counts the newest checkpoint and those before it.")
 
     def complete(self) -> list[tuple[int, Path]]:
         """``(seq, path)`` of every complete checkpoint, oldest first."""
@@ -238,7 +258,7 @@ class CheckpointStore:
         good = None
         for seq, path in reversed(self.complete()):
             try:
-                good = Checkpoint(path, seq, _load(path))
+                good = Checkpoint(path, seq, *_load(path))
                 break
             except _Damaged as e:
                 damaged.append((path, str(e)))
@@ -266,13 +286,15 @@ class CheckpointStore:
                     removed.append(entry)
         return removed
 
-    def write(self, state: dict, fill: Callable[[Path], None]) -> Checkpoint:
+    def write(self, state: CheckpointState | Mapping[str, Any],
+              fill: Callable[[Path], None]) -> Checkpoint:
         """Writes a checkpoint: ``fill(directory)`` writes the files, then ``state.json``
-        (with every file's size and sha256) is added and the whole directory is flushed
-        and renamed into place.
+        (the state with its time, every file's size and sha256, and its own checksum) is
+        added and the whole directory is flushed and renamed into place.
 
         Args:
-            state: the JSON-able state (``epoch`` and ``step`` at least).
+            state: the :class:`~memfit.supervise.state.CheckpointState`, or its JSON
+                object (checked by :meth:`CheckpointState.from_json`).
             fill: writes the other files into the directory it is given.
 
         Returns:
@@ -281,7 +303,10 @@ class CheckpointStore:
         Raises:
             CheckpointWriteError: the disk refused a write (full, file-size limit, read
                 only); the temporary directory is removed, the previous checkpoint kept.
+            ValueError: ``state`` is not a valid checkpoint state.
         """
+        if not isinstance(state, CheckpointState):
+            state = CheckpointState.from_json(state)
         found = self.complete()
         seq = found[-1][0] + 1 if found else 0
         name = f"ckpt-{seq:06d}"
@@ -294,10 +319,9 @@ class CheckpointStore:
             fill(tmp)
             files = {entry.name: {"size": entry.stat().st_size, "sha256": file_sha256(entry)}
                      for entry in sorted(tmp.iterdir())}
-            state = {"format": FORMAT, "format_version": FORMAT_VERSION, "time": time.time(),
-                     **state, "files": files}
-            state["checksum"] = _state_checksum(state)
-            (tmp / STATE_NAME).write_text(json.dumps(state), encoding="utf-8")
+            state = dataclasses.replace(state, time=time.time())
+            record = _record(state, files)
+            (tmp / STATE_NAME).write_text(json.dumps(record), encoding="utf-8")
             _fsync_tree(tmp)
             os.rename(tmp, final)
             _fsync(self.directory)
@@ -309,7 +333,7 @@ class CheckpointStore:
             raise
         for _, old in found[: max(0, len(found) + 1 - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
-        return Checkpoint(final, seq, state)
+        return Checkpoint(final, seq, record, state)
 
     def _write_failed(self, name: str, found: list[tuple[int, Path]], error: OSError) -> str:
         # h5py's own text runs over several lines; the errno says the same in a few words.
