@@ -9,7 +9,7 @@ from typing import Any
 
 import keras
 
-from memfit import exitcodes
+from memfit import checks, exitcodes
 from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
 from memfit.memory.classify import MIN_VALUES, Verdict, classify, classify_release
 from memfit.memory.log import Event, MemoryLog
@@ -38,6 +38,7 @@ class MemoryMonitor(keras.callbacks.Callback):
     ``allocator-retention`` too, named with both numbers.
 
     Example:
+        >>> import memfit
         >>> monitor = memfit.MemoryMonitor("runs/exp1", budget="8GiB", trim="epoch")
         >>> model.fit(ds, epochs=20, callbacks=[monitor])            # doctest: +SKIP
         >>> print(monitor.verdict)                                   # doctest: +SKIP
@@ -74,18 +75,14 @@ class MemoryMonitor(keras.callbacks.Callback):
                  on_leak: str = "warn", tensorboard_dir: str | None = None,
                  python_heap: bool = False, report: bool = False, verbose: int = 1):
         super().__init__()
-        if not isinstance(every_n_batches, int) or every_n_batches < 0:
-            raise ValueError(f"every_n_batches must be an integer >= 0. "
-                             f"Received: every_n_batches={every_n_batches!r}")
-        if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs must be an integer >= 0. "
-                             f"Received: warmup_epochs={warmup_epochs!r}")
+        every_n_batches = checks.count("every_n_batches", every_n_batches, minimum=0,
+                                        example=100, hint="0 samples at epoch ends only.")
+        warmup_epochs = checks.count("warmup_epochs", warmup_epochs, minimum=0, example=1)
         if trim not in (None, "epoch"):
             raise ValueError(f"trim must be None or 'epoch'. Received: trim={trim!r}")
         if trim == "epoch":
             require_trim("MemoryMonitor(trim='epoch')")
-        if on_leak not in _ON_LEAK:
-            raise ValueError(f"on_leak must be one of {_ON_LEAK}. Received: on_leak={on_leak!r}")
+        checks.choice("on_leak", on_leak, _ON_LEAK)
         if tensorboard_dir is not None:
             import importlib.util
 

@@ -33,138 +33,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from memfit import exitcodes
+from memfit import checks, exitcodes
 from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
-from memfit.memory.log import MemoryLog, read_log
-from memfit.memory.probe import Sample
+from memfit.memory.log import Event, MemoryLog, read_log
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.sizes import format_size, parse_size
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
+from memfit.supervise.preempt import signal_name
+from memfit.supervise.results import ChildRun, RunResult
 from memfit.workdir import Workdir
 
-__all__ = ["run", "RunResult", "ChildRun"]
+__all__ = ["run"]
 
 PLANNED = "every"       # reason prefix of restarts asked by --restart-every
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildRun:
-    """One process of a supervised run.
-
-    Attributes:
-        pid: its process id.
-        exit_code: as a shell reports it (128 + N when killed by signal N).
-        cause: why it ended: ``"finished"``, ``"restart"`` (it exited with 75, or
-            checkpointed and exited after a SIGTERM sent to it alone), ``"config"`` (78),
-            ``"checkpoint-failed"`` (74), ``"crash"`` (another code), ``"killed"`` (a
-            signal not sent by memfit, e.g. the OOM killer), ``"hard-rss"``,
-            ``"unresponsive"``, ``"interrupted"`` (memfit run itself got SIGINT/SIGTERM).
-        reason: the details: the restart's reason (``"every 1 epoch"``, ``"max-rss"``),
-            the signal's name, the exit code.
-        started, ended: Unix times.
-        peak: the largest sample of its process tree (``None`` if it ended first).
-        resumed_at, ended_at: the ``(epoch, step)`` of the checkpoint it started from and
-            of the newest checkpoint when it ended.
-    """
-
-    pid: int
-    exit_code: int
-    cause: str
-    reason: str
-    started: float
-    ended: float
-    peak: Sample | None
-    resumed_at: tuple[int, int]
-    ended_at: tuple[int, int]
-
-    @property
-    def progressed(self) -> bool:
-        return self.ended_at > self.resumed_at
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """What :func:`run` did.
-
-    Attributes:
-        exit_code: 0 when the training finished; else the last process's exit code.
-        finished: whether the command ended with exit code 0.
-        stop_reason: why the run stopped without finishing, or ``None``.
-        children: every process started, in order.
-        epoch: epochs completed (from the newest checkpoint).
-        duration: seconds from the first start to the end.
-        lost: seconds lost to restarts: work done after a process's last checkpoint,
-            plus the time from each exit to the next process resuming training.
-        log_path: the shared log.
-        command: the command run.
-        memory: the last process's memory, judged from outside as ``memfit watch``
-            judges it (a level, a leak...), or ``None`` when it lived too short to tell.
-    """
-
-    exit_code: int
-    finished: bool
-    stop_reason: str | None
-    children: tuple[ChildRun, ...]
-    epoch: int
-    duration: float
-    lost: float
-    log_path: Path
-    command: tuple[str, ...] = ()
-    memory: OutsideVerdict | None = None
-
-    @property
-    def restarts(self) -> dict[str, int]:
-        """Restarts by reason (``{"every 1 epoch": 5, "max-rss": 1, "crash": 1}``)."""
-        counts: collections.Counter[str] = collections.Counter()
-        for child in self.children[:-1]:
-            counts[child.reason if child.cause == "restart" else child.cause] += 1
-        return dict(counts)
-
-    def __str__(self) -> str:
-        cmd = shlex.join(self.command) if self.command else "the command"
-        restarts = len(self.children) - 1
-        by = ", ".join(f"{n} {r}" for r, n in self.restarts.items())
-        state = "finished" if self.finished else f"stopped ({self.stop_reason})"
-        lines = [f"memfit run: {cmd} {state} after {self.epoch} epoch"
-                 f"{'s' if self.epoch != 1 else ''} in {self.duration:.1f} s, {restarts} "
-                 f"restart{'s' if restarts != 1 else ''}" + (f" ({by})" if by else "")]
-        lines.append(f"  {'#':>2}  {'pid':>7}  {'exit':>4}  {'from':>9}  {'to':>9}  "
-                     f"{'peak anon':>10}  {'lived':>7}  ended by      (from/to: epochs+steps "
-                     f"done)")
-        for i, c in enumerate(self.children, start=1):
-            peak = format_size(c.peak.anon_or_total) if c.peak else "-"
-            ended_by = c.cause if c.reason in ("", c.cause) else f"{c.cause}: {c.reason}"
-            lines.append(f"  {i:>2}  {c.pid:>7}  {c.exit_code:>4}  {_at(c.resumed_at):>9}  "
-                         f"{_at(c.ended_at):>9}  {peak:>10}  {c.ended - c.started:6.1f}s  "
-                         f"{ended_by}")
-        lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load and "
-                     f"work after the last checkpoint)")
-        if self.memory is not None:
-            lines.append(f"  memory of the last process (from outside): "
-                         f"{self.memory.headline}")
-            lines.append(f"  Fix: {self.memory.fix}")
-            if self.memory.note:
-                lines.append(f"  Note: {self.memory.note}")
-        lines.append(f"  log: {self.log_path}")
-        return "\n".join(lines)
-
-
-def _at(position: tuple[int, int]) -> str:
-    """Training done, for the table: ``(2, 17)`` is ``2+17`` (2 epochs and 17 steps)."""
-    return f"{position[0]}" + (f"+{position[1]}" if position[1] else "")
 
 
 def _latest(store: CheckpointStore) -> Checkpoint | None:
@@ -179,63 +72,6 @@ def _latest(store: CheckpointStore) -> Checkpoint | None:
 def _position(store: CheckpointStore) -> tuple[int, int]:
     ckpt = _latest(store)
     return ckpt.position if ckpt else (0, 0)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _check(restart_every: int | None, max_rss: int | None, hard_rss: int | None,
-           max_restarts: int, grace: float, interval: float, backoff: float,
-           stop_grace: float) -> None:
-    if restart_every is not None and (isinstance(restart_every, bool)
-                                      or not isinstance(restart_every, int)
-                                      or restart_every < 1):
-        raise ValueError(f"restart_every must be a positive number of epochs, or None. "
-                         f"Received: restart_every={restart_every!r}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be a non-negative integer. "
-                         f"Received: max_restarts={max_restarts!r}")
-    for name, value in (("max_rss", max_rss), ("hard_rss", hard_rss)):
-        if value is not None and value <= 0:
-            raise ValueError(f"{name} must be a size above zero (e.g. 6GiB); 0 would restart "
-                             f"at once, every time. Leave it out to restart on crashes only. "
-                             f"Received: {name}={value!r}")
-    for name, value in (("grace", grace), ("interval", interval), ("backoff", backoff),
-                        ("stop_grace", stop_grace)):
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or value < 0 or (name == "interval" and value == 0):
-            kind = "positive" if name == "interval" else "non-negative"
-            raise ValueError(f"{name} must be a {kind} number of seconds. "
-                             f"Received: {name}={value!r}")
-    if max_rss is not None and hard_rss is not None and hard_rss <= max_rss:
-        raise ValueError(f"hard_rss must be above max_rss: the graceful restart at max_rss "
-                         f"comes first, the kill at hard_rss only if that fails. Received: "
-                         f"max_rss={format_size(max_rss)}, hard_rss={format_size(hard_rss)}")
-
-
-def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> float:
-    """Work after each restarted child's last checkpoint, plus each gap from an exit to
-    the next child resuming training (its ``resume`` event)."""
-    checkpoints: dict[int, list[float]] = collections.defaultdict(list)
-    resumes: dict[int, float] = {}
-    for record in read_log(log_path):
-        if record["t"] < since:
-            continue
-        if record["event"] == "checkpoint":
-            checkpoints[record["pid"]].append(record["t"])
-        elif record["event"] == "resume":
-            resumes.setdefault(record["pid"], record["t"])
-    lost = 0.0
-    for child, following in zip(children, children[1:], strict=False):
-        last = max((t for t in checkpoints[child.pid] if t <= child.ended),
-                   default=resumes.get(child.pid, child.started))
-        lost += max(0.0, child.ended - last)
-        lost += max(0.0, resumes.get(following.pid, following.ended) - child.ended)
-    return lost
 
 
 def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT_WORKDIR,
@@ -285,91 +121,72 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
         MemfitError: if the workdir cannot be written or its log is not a memfit log.
     """
     command = check_command(command)
-    max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss")
-    hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss")
-    _check(restart_every, max_rss, hard_rss, max_restarts, grace, interval, backoff,
-           stop_grace)
+    limits = _Limits.checked(restart_every=restart_every, max_rss=max_rss,
+                             hard_rss=hard_rss, max_restarts=max_restarts, grace=grace,
+                             interval=interval, backoff=backoff, max_backoff=max_backoff,
+                             stop_grace=stop_grace)
     wd = Workdir(workdir).create()
     if wd.log.exists() and wd.log.stat().st_size > 0:
         for _ in read_log(wd.log):          # LogError if it is not a memfit log
             pass
-    store = CheckpointStore(wd.checkpoints)
-    env = {WORKDIR_ENV: str(wd.path.resolve()), SUPERVISOR_ENV: str(os.getpid())}
-    if restart_every:
-        env[RESTART_EVERY_ENV] = str(restart_every)
-    if max_rss:
-        env[MAX_RSS_ENV] = str(max_rss)
-
-    since = time.time()
-    log = MemoryLog(wd.log, source="run", command=command, restart_every=restart_every,
-                    max_rss=max_rss, hard_rss=hard_rss)
-    children: list[ChildRun] = []
-    proc: subprocess.Popen | None = None
-    unplanned = 0
-    failures = 0
-    stop_reason: str | None = None
-    try:
-        with forward_signals(current=lambda: proc) as received:
-            while True:
-                protocol.clear_request(wd.path)
-                resumed_at = _position(store)
-                proc = start(command, env)
-                samples = EvenSamples()
-                child = _supervise(proc, log, wd, store, resumed_at, max_rss, hard_rss,
-                                   grace, interval, stop_grace, interrupted=received,
-                                   samples=samples)
-                children.append(child)
-                peak = child.peak.anon_or_total if child.peak else None
-                log.write("exit", pid=child.pid, code=child.exit_code, cause=child.cause,
-                          reason=child.reason, epoch=child.ended_at[0], step=child.ended_at[1],
-                          peak_rss=peak, seconds=round(child.ended - child.started, 3))
-                if child.cause == "finished":
-                    break
-                if child.cause in _STOPS:
-                    stop_reason = _STOPS[child.cause]
-                    break
-                planned = child.cause == "restart" and child.reason.startswith(PLANNED)
-                if not planned:
-                    unplanned += 1
-                    repeated = _repeated(children)
-                    if repeated:
-                        stop_reason = repeated
-                        break
-                    if unplanned > max_restarts:
-                        stop_reason = (f"{unplanned} restarts not asked by --restart-every, "
-                                       f"more than --max-restarts {max_restarts}")
-                        break
-                failed = child.cause not in ("restart",)
-                failures = failures + 1 if failed and not child.progressed else int(failed)
-                delay = min(max_backoff, backoff * 2 ** (failures - 1)) if failed else 0.0
-                log.write("restart", reason=child.reason if child.cause == "restart"
-                          else f"{child.cause}: {child.reason}", after=child.pid, delay=delay,
-                          epoch=child.ended_at[0], step=child.ended_at[1], peak_rss=peak)
-                print(f"memfit run: {_describe(child)}; restarting from "
-                      f"{where(*child.ended_at)}" + (f" in {delay:.1f} s" if delay else ""),
-                      file=sys.stderr)
-                if _sleep(delay, received):
-                    stop_reason = "interrupted"
-                    break
-    except BaseException:
-        if proc is not None and proc.poll() is None:
-            kill_tree(proc)
-            proc.wait()
-        log.close()
-        raise
-    last = children[-1]
-    result = RunResult(
-        exit_code=last.exit_code, finished=last.cause == "finished",
-        stop_reason=stop_reason, children=tuple(children), epoch=_position(store)[0],
-        duration=time.time() - since, lost=_lost_time(wd.log, since, children),
-        log_path=wd.log, command=tuple(command), memory=_memory(last, samples, wd, command,
-                                                                 log))
-    if stop_reason:
-        log.write("stop", reason=stop_reason)
-    log.close()
+    result = _Supervisor(command, wd, limits).run()
     if out is not False:
         print(result, file=sys.stderr if out is None else out)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    """The arguments of :func:`run` that rule the restarts, checked."""
+
+    restart_every: int | None
+    max_rss: int | None
+    hard_rss: int | None
+    max_restarts: int
+    grace: float
+    interval: float
+    backoff: float
+    max_backoff: float
+    stop_grace: float
+
+    @classmethod
+    def checked(cls, *, restart_every: Any, max_rss: Any, hard_rss: Any, max_restarts: Any,
+                grace: Any, interval: Any, backoff: Any, max_backoff: Any,
+                stop_grace: Any) -> _Limits:
+        """The limits, or a ``ValueError`` quoting the first bad one."""
+        max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss")
+        hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss")
+        limits = cls(
+            restart_every=checks.count("restart_every", restart_every, optional=True,
+                                       example=1, hint="It counts epochs."),
+            max_rss=max_rss, hard_rss=hard_rss,
+            max_restarts=checks.count("max_restarts", max_restarts, minimum=0, example=10),
+            grace=checks.seconds("grace", grace, positive=False, example=60),
+            interval=checks.seconds("interval", interval),
+            backoff=checks.seconds("backoff", backoff, positive=False, example=1),
+            max_backoff=checks.seconds("max_backoff", max_backoff, positive=False,
+                                       example=30),
+            stop_grace=checks.seconds("stop_grace", stop_grace, positive=False, example=30))
+        for name, value in (("max_rss", max_rss), ("hard_rss", hard_rss)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a size above zero (e.g. 6GiB); 0 would "
+                                 f"restart at once, every time. Leave it out to restart on "
+                                 f"crashes only. Received: {name}={value!r}")
+        if max_rss is not None and hard_rss is not None and hard_rss <= max_rss:
+            raise ValueError(f"hard_rss must be above max_rss: the graceful restart at "
+                             f"max_rss comes first, the kill at hard_rss only if that fails. "
+                             f"Received: max_rss={format_size(max_rss)}, "
+                             f"hard_rss={format_size(hard_rss)}")
+        return limits
+
+    def environment(self, wd: Workdir) -> dict[str, str]:
+        """What the child is told (see :mod:`memfit.supervise.protocol`)."""
+        env = {WORKDIR_ENV: str(wd.path.resolve()), SUPERVISOR_ENV: str(os.getpid())}
+        if self.restart_every:
+            env[RESTART_EVERY_ENV] = str(self.restart_every)
+        if self.max_rss:
+            env[MAX_RSS_ENV] = str(self.max_rss)
+        return env
 
 
 _STOPS = {
@@ -380,16 +197,224 @@ _STOPS = {
 }
 
 
-def _memory(child: ChildRun, samples: EvenSamples, wd: Workdir, command: Sequence[str],
-            log: MemoryLog) -> OutsideVerdict | None:
-    """The last process's memory, judged from outside (and logged), unless it lived too
-    short to tell (a process per epoch usually does)."""
-    judged = judge(samples.items, wd.log, child.started, child.ended - child.started,
-                   command)
-    if judged.verdict.kind == "unknown":
+class _Supervisor:
+    """One :func:`run`: starts a child (:meth:`run_child`), watches it until it exits
+    (:meth:`watch`), then stops (:meth:`stop_reason`) or restarts it after a backoff
+    (:meth:`restart`), until the training finishes.
+
+    Args:
+        command: the checked command.
+        wd: the run's workdir (created).
+        limits: the checked limits.
+    """
+
+    def __init__(self, command: list[str], wd: Workdir, limits: _Limits):
+        self.command = command
+        self.wd = wd
+        self.limits = limits
+        self.store = CheckpointStore(wd.checkpoints)
+        self.env = limits.environment(wd)
+        self.children: list[ChildRun] = []
+        self.proc: subprocess.Popen | None = None
+        self.samples = EvenSamples()        # the current child's, for the verdict
+        self.unplanned = 0                  # restarts not asked by --restart-every
+        self.failures = 0                   # failures in a row without progress
+        self.received: list[int] = []       # signals memfit run itself got
+        self.log = MemoryLog(wd.log, source="run", command=command,
+                             restart_every=limits.restart_every, max_rss=limits.max_rss,
+                             hard_rss=limits.hard_rss)
+
+    def run(self) -> RunResult:
+        """Runs children until the training finishes or the run stops."""
+        since = time.time()
+        try:
+            with forward_signals(current=lambda: self.proc) as received:
+                self.received = received
+                stop_reason = self.loop()
+        except BaseException:
+            if self.proc is not None and self.proc.poll() is None:
+                kill_tree(self.proc)
+                self.proc.wait()
+            self.log.close()
+            raise
+        return self.result(since, stop_reason)
+
+    def loop(self) -> str | None:
+        """Runs children until one finishes (``None``) or the run stops (the reason)."""
+        while True:
+            child = self.run_child()
+            if child.cause == "finished":
+                return None
+            stop = self.stop_reason(child)
+            if stop is not None:
+                return stop
+            if self.restart(child):
+                return "interrupted"
+
+    def run_child(self) -> ChildRun:
+        """Starts one child from the newest checkpoint and watches it until it exits."""
+        protocol.clear_request(self.wd.path)
+        resumed_at = _position(self.store)
+        self.proc = start(self.command, self.env)
+        self.samples = EvenSamples()
+        child = self.watch(self.proc, resumed_at)
+        self.children.append(child)
+        peak = child.peak.anon_or_total if child.peak else None
+        self.log.write(Event.EXIT, pid=child.pid, code=child.exit_code, cause=child.cause,
+                       reason=child.reason, epoch=child.ended_at[0], step=child.ended_at[1],
+                       peak_rss=peak, seconds=round(child.ended - child.started, 3))
+        return child
+
+    def stop_reason(self, child: ChildRun) -> str | None:
+        """Why the run stops after ``child`` instead of restarting, or ``None``."""
+        if child.cause in _STOPS:
+            return _STOPS[child.cause]
+        planned = child.cause == "restart" and child.reason.startswith(PLANNED)
+        if planned:
+            return None
+        self.unplanned += 1
+        repeated = _repeated(self.children)
+        if repeated:
+            return repeated
+        if self.unplanned > self.limits.max_restarts:
+            return (f"{self.unplanned} restarts not asked by --restart-every, more than "
+                    f"--max-restarts {self.limits.max_restarts}")
         return None
-    log.write("verdict", pid=child.pid, source="run", **judged.to_record())
-    return judged
+
+    def restart(self, child: ChildRun) -> bool:
+        """Logs and announces the restart and waits its backoff (a failure: doubled for
+        each in a row without progress). Returns whether a signal came meanwhile."""
+        failed = child.cause != "restart"
+        self.failures = self.failures + 1 if failed and not child.progressed else int(failed)
+        delay = min(self.limits.max_backoff, self.limits.backoff * 2 ** (self.failures - 1)) \
+            if failed else 0.0
+        peak = child.peak.anon_or_total if child.peak else None
+        self.log.write(Event.RESTART, reason=child.reason if child.cause == "restart"
+                       else f"{child.cause}: {child.reason}", after=child.pid, delay=delay,
+                       epoch=child.ended_at[0], step=child.ended_at[1], peak_rss=peak)
+        print(f"memfit run: {_describe(child)}; restarting from {where(*child.ended_at)}"
+              + (f" in {delay:.1f} s" if delay else ""), file=sys.stderr)
+        return _sleep(delay, self.received)
+
+    def watch(self, proc: subprocess.Popen, resumed_at: tuple[int, int]) -> ChildRun:
+        """Samples one child until it exits; asks it for a restart at ``max_rss``, kills
+        it at ``hard_rss``, when it does not answer within ``grace``, or when it outlives
+        ``stop_grace`` after a signal."""
+        lim = self.limits
+        started = time.time()
+        sampler = TreeSampler(proc.pid, log=self.log, samples=self.samples)
+        requested: float | None = None
+        killed: str | None = None
+        signalled: float | None = None
+        for now in ticks(proc, lim.interval):
+            if self.received and signalled is None:
+                signalled = now
+            if signalled is not None and killed is None and now - signalled > lim.stop_grace \
+                    and proc.poll() is None:
+                killed = self._kill(proc, "stop-grace", grace=lim.stop_grace)
+            s = sampler.take()
+            if s is not None:
+                anon = s.anon_or_total
+                if killed is None and lim.hard_rss and anon >= lim.hard_rss:
+                    killed = self._kill(proc, "hard-rss", rss=anon, limit=lim.hard_rss)
+                elif requested is None and lim.max_rss and anon >= lim.max_rss:
+                    requested = now
+                    protocol.write_request(self.wd.path, "max-rss", rss=anon)
+                    self.log.write(Event.REQUEST, pid=proc.pid, reason="max-rss", rss=anon,
+                                   limit=lim.max_rss)
+            if requested is not None and killed is None and now - requested > lim.grace \
+                    and proc.poll() is None:
+                killed = self._kill(proc, "unresponsive", grace=lim.grace)
+        ended = time.time()
+        ckpt = _latest(self.store)
+        cause, reason = self._cause(proc, killed, ckpt, started)
+        return ChildRun(pid=proc.pid, exit_code=exit_code(proc.returncode), cause=cause,
+                        reason=reason, started=started, ended=ended, peak=sampler.peak,
+                        resumed_at=resumed_at, ended_at=ckpt.position if ckpt else (0, 0))
+
+    def _kill(self, proc: subprocess.Popen, reason: str, **fields: Any) -> str:
+        self.log.write(Event.KILL, pid=proc.pid, reason=reason, **fields)
+        kill_tree(proc)
+        return reason
+
+    def _cause(self, proc: subprocess.Popen, killed: str | None, ckpt: Checkpoint | None,
+               started: float) -> tuple[str, str]:
+        """Why a child ended (:attr:`ChildRun.cause`) and the details. The reason of a
+        restart is the one its checkpoint, written since it started, records."""
+        code = exit_code(proc.returncode)
+        fresh = ckpt.contents if ckpt is not None and \
+            (ckpt.contents.time or 0) >= started else None
+        saved_reason = fresh.reason or "" if fresh is not None else ""
+        if self.received:
+            reason = signal_name(self.received[0])
+            if killed == "stop-grace":
+                reason += f", killed: no exit within --stop-grace {self.limits.stop_grace:g} s"
+            return "interrupted", reason
+        if killed == "hard-rss":
+            return killed, (f"anonymous RSS reached --hard-rss "
+                            f"{format_size(self.limits.hard_rss or 0)}")
+        if killed == "unresponsive":
+            return killed, f"no checkpoint within --grace {self.limits.grace:g} s of the request"
+        if code == 0:
+            return "finished", ""
+        if code == exitcodes.RESTART:
+            return "restart", saved_reason if fresh is not None else "asked"
+        if code == 128 + signal.SIGTERM and saved_reason.startswith("preempted"):
+            return "restart", saved_reason
+        if code == exitcodes.CONFIG:
+            return "config", "exit 78"
+        if code == exitcodes.CHECKPOINT_FAILED:
+            return "checkpoint-failed", "exit 74"
+        if proc.returncode < 0:
+            return "killed", signal_name(-proc.returncode) + (
+                " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
+        return "crash", f"exit code {code}"
+
+    def result(self, since: float, stop_reason: str | None) -> RunResult:
+        """The run's result (the last child's memory judged, the stop logged); closes
+        the log."""
+        last = self.children[-1]
+        result = RunResult(
+            exit_code=last.exit_code, finished=last.cause == "finished",
+            stop_reason=stop_reason, children=tuple(self.children),
+            epoch=_position(self.store)[0], duration=time.time() - since,
+            lost=_lost_time(self.wd.log, since, self.children), log_path=self.wd.log,
+            command=tuple(self.command), memory=self._memory(last))
+        if stop_reason:
+            self.log.write(Event.STOP, reason=stop_reason)
+        self.log.close()
+        return result
+
+    def _memory(self, child: ChildRun) -> OutsideVerdict | None:
+        """The last process's memory, judged from outside (and logged), unless it lived
+        too short to tell (a process per epoch usually does)."""
+        judged = judge(self.samples.items, self.wd.log, child.started,
+                       child.ended - child.started, self.command)
+        if judged.verdict.kind == "unknown":
+            return None
+        self.log.write(Event.VERDICT, pid=child.pid, source="run", **judged.to_record())
+        return judged
+
+
+def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> float:
+    """Work after each restarted child's last checkpoint, plus each gap from an exit to
+    the next child resuming training (its ``resume`` event)."""
+    checkpoints: dict[int, list[float]] = collections.defaultdict(list)
+    resumes: dict[int, float] = {}
+    for record in read_log(log_path):
+        if record["t"] < since:
+            continue
+        if record["event"] == Event.CHECKPOINT:
+            checkpoints[record["pid"]].append(record["t"])
+        elif record["event"] == Event.RESUME:
+            resumes.setdefault(record["pid"], record["t"])
+    lost = 0.0
+    for child, following in zip(children, children[1:], strict=False):
+        last = max((t for t in checkpoints[child.pid] if t <= child.ended),
+                   default=resumes.get(child.pid, child.started))
+        lost += max(0.0, child.ended - last)
+        lost += max(0.0, resumes.get(following.pid, following.ended) - child.ended)
+    return lost
 
 
 def _describe(child: ChildRun) -> str:
@@ -422,72 +447,3 @@ def _sleep(seconds: float, interrupted: list[int]) -> bool:
             return True
         time.sleep(min(0.1, end - time.monotonic()))
     return bool(interrupted)
-
-
-def _supervise(proc: subprocess.Popen, log: MemoryLog, wd: Workdir, store: CheckpointStore,
-               resumed_at: tuple[int, int], max_rss: int | None, hard_rss: int | None,
-               grace: float, interval: float, stop_grace: float,
-               interrupted: list[int], samples: EvenSamples) -> ChildRun:
-    """Samples one child until it exits (into ``samples``); asks for a restart or kills
-    it on memory."""
-    started = time.time()
-    sampler = TreeSampler(proc.pid, log=log, samples=samples)
-    requested: float | None = None
-    killed: str | None = None
-    signalled: float | None = None
-    for now in ticks(proc, interval):
-        if interrupted and signalled is None:
-            signalled = now
-        if signalled is not None and killed is None and now - signalled > stop_grace \
-                and proc.poll() is None:
-            killed = "stop-grace"
-            log.write("kill", pid=proc.pid, reason="stop-grace", grace=stop_grace)
-            kill_tree(proc)
-        s = sampler.take()
-        if s is not None:
-            anon = s.anon_or_total
-            if killed is None and hard_rss and anon >= hard_rss:
-                killed = "hard-rss"
-                log.write("kill", pid=proc.pid, reason="hard-rss", rss=anon, limit=hard_rss)
-                kill_tree(proc)
-            elif requested is None and max_rss and anon >= max_rss:
-                requested = now
-                protocol.write_request(wd.path, "max-rss", rss=anon)
-                log.write("request", pid=proc.pid, reason="max-rss", rss=anon, limit=max_rss)
-        if requested is not None and killed is None and now - requested > grace \
-                and proc.poll() is None:
-            killed = "unresponsive"
-            log.write("kill", pid=proc.pid, reason="unresponsive", grace=grace)
-            kill_tree(proc)
-    ended = time.time()
-    code = exit_code(proc.returncode)
-    ckpt = _latest(store)
-    ended_at = ckpt.position if ckpt else (0, 0)
-    fresh = ckpt is not None and ckpt.state.get("time", 0) >= started
-    if interrupted:
-        cause, reason = "interrupted", _signal_name(interrupted[0])
-        if killed == "stop-grace":
-            reason += f", killed: no exit within --stop-grace {stop_grace:g} s"
-    elif killed == "hard-rss":
-        cause, reason = killed, f"anonymous RSS reached --hard-rss {format_size(hard_rss)}"
-    elif killed == "unresponsive":
-        cause, reason = killed, f"no checkpoint within --grace {grace:g} s of the request"
-    elif code == 0:
-        cause, reason = "finished", ""
-    elif code == exitcodes.RESTART:
-        cause, reason = "restart", str(ckpt.state.get("reason", "")) if fresh else "asked"
-    elif code == 128 + signal.SIGTERM and fresh and \
-            str(ckpt.state.get("reason", "")).startswith("preempted"):
-        cause, reason = "restart", str(ckpt.state["reason"])
-    elif code == exitcodes.CONFIG:
-        cause, reason = "config", "exit 78"
-    elif code == exitcodes.CHECKPOINT_FAILED:
-        cause, reason = "checkpoint-failed", "exit 74"
-    elif proc.returncode < 0:
-        name = _signal_name(-proc.returncode)
-        cause = "killed"
-        reason = name + (" (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
-    else:
-        cause, reason = "crash", f"exit code {code}"
-    return ChildRun(pid=proc.pid, exit_code=code, cause=cause, reason=reason, started=started,
-                    ended=ended, peak=sampler.peak, resumed_at=resumed_at, ended_at=ended_at)
