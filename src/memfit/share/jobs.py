@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memfit import checks
 from memfit.errors import MemfitError
 from memfit.sizes import parse_size
 
@@ -223,10 +224,10 @@ def _job(entry: Any, index: int, problems: list[str]) -> Job | None:
             problems.append(f"{where}: need = 'auto' estimates the need of a Keras model: "
                             f"give model = 'module:function' or a '.keras' path. "
                             f"Received: model={auto.get('model')!r}")
-        batch = auto.get("batch_size")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            problems.append(f"{where}: need = 'auto' needs batch_size, a positive integer "
-                            f"such as 64. Received: batch_size={batch!r}")
+        try:
+            checks.count("batch_size", auto.get("batch_size"), example=64)
+        except ValueError as e:
+            problems.append(f"{where}: need = 'auto' needs a batch_size: {e}")
     elif auto:
         problems.append(f"{where}: {', '.join(auto)} only serve need = 'auto'; this job's "
                         f"need is {need_value!r}. Set need = 'auto' or remove them.")

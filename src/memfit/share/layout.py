@@ -34,6 +34,8 @@ from typing import Any
 
 from memfit import checks
 from memfit.atomic import temporary_name
+from memfit.memory.log import Event, LogError, read_log
+from memfit.workdir import Workdir
 
 __all__ = ["DEFAULT_WORKDIR", "RECORD_NAME", "STDOUT_NAME", "STDERR_NAME", "JobFiles",
            "JobRecord"]
@@ -87,6 +89,23 @@ class JobFiles:
         tmp = temporary_name(self.record)
         tmp.write_text(json.dumps(record.to_json(), indent=1), encoding="utf-8")
         os.replace(tmp, self.record)
+
+    def supervisor_events(self, started: float) -> tuple[list[dict], str]:
+        """What a supervised job's ``memfit run`` logged in this directory since the job
+        ``started`` (Unix time): its ``restart`` events, and the reason it stopped (``""``
+        when it did not)."""
+        restarts, stop = [], ""
+        try:
+            for record in read_log(Workdir(self.directory).log):
+                if record["t"] < started - 1:
+                    continue
+                if record["event"] == Event.RESTART:
+                    restarts.append(record)
+                elif record["event"] == Event.STOP:
+                    stop = str(record.get("reason") or "")
+        except (LogError, OSError):
+            pass
+        return restarts, stop
 
     def read_record(self) -> JobRecord | None:
         """The job's last record, or ``None`` when there is none it can read."""

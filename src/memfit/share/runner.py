@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from memfit import checks
-from memfit.memory.log import Event, LogError, MemoryLog, read_log
+from memfit.memory.log import Event, MemoryLog
 from memfit.memory.process import exit_code, forward_signals, kill_tree
 from memfit.memory.sampler import TreeSampler
 from memfit.share.jobs import JobsSpec
@@ -306,7 +306,7 @@ class _Scheduler:
         """A job has ended: its result, its restarts and exit in the log, its record."""
         ended = time.time()
         code = exit_code(a.proc.returncode)
-        restarts, stop = _supervisor_events(a) if a.job.restart else ([], "")
+        restarts, stop = a.files.supervisor_events(a.started) if a.job.restart else ([], "")
         for r in restarts:
             self.log.write(Event.RESTART, pid=a.proc.pid, t=r["t"], job=a.job.name,
                            reason=r.get("reason"))
@@ -402,20 +402,3 @@ def _signal_name(code: int) -> str:
         return signal.Signals(code - 128).name
     except ValueError:
         return f"signal {code - 128}"
-
-
-def _supervisor_events(a: _Running) -> tuple[list[dict], str]:
-    """A supervised job's restarts (from ``memfit run``'s log in its directory) and the
-    reason it stopped, if it did."""
-    restarts, stop = [], ""
-    try:
-        for record in read_log(Workdir(a.files.directory).log):
-            if record["t"] < a.started - 1:
-                continue
-            if record["event"] == Event.RESTART:
-                restarts.append(record)
-            elif record["event"] == Event.STOP:
-                stop = str(record.get("reason") or "")
-    except (LogError, OSError):
-        pass
-    return restarts, stop
