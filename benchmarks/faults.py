@@ -44,6 +44,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from memfit.env import WORKDIR_ENV
+
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "fault_train.py"
 PHASES = ("import", "build", "restore", "step", "epoch-end", "checkpoint")
@@ -182,7 +184,7 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
     """One run: start, kill (the first ``kills`` processes once each), start again,
     until the training finishes. Returns what happened."""
     out, wd = root / "out", root / "wd"
-    env = {**ENV, "MEMFIT_WORKDIR": str(wd)}
+    env = {**ENV, WORKDIR_ENV: str(wd)}
     records: list[dict] = []
     started: list[int] = []
     restarted = False
@@ -317,7 +319,7 @@ def campaign(configs: list[str], runs: int, kills: int, terms: int, epochs: int,
         ref_root = work / config / "reference"
         started = time.time()
         subprocess.run(command(data, ref_root / "out", config, epochs), check=True,
-                       env={**ENV, "MEMFIT_WORKDIR": str(ref_root / "wd")},
+                       env={**ENV, WORKDIR_ENV: str(ref_root / "wd")},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         reference = finals(ref_root / "out")
         lengths = durations(ref_root / "out", started)
