@@ -187,6 +187,32 @@ def _command(value: Any, where: str, problems: list[str]) -> tuple[str, ...] | N
     return tuple(parts)
 
 
+def _need(entry: Mapping[str, Any], where: str,
+          problems: list[str]) -> tuple[int | None, str, dict[str, Any]]:
+    """``(need, need_source, auto)`` of a job's table: a size (``"given"``), ``"auto"``
+    with the estimator's keys, or left out (``"learned"``)."""
+    need_value = entry.get("need")
+    need, source = None, "learned"
+    if isinstance(need_value, str) and need_value.strip().lower() == "auto":
+        source = "auto"
+    elif need_value is not None:
+        need, source = _size(need_value, "need", where, problems), "given"
+    auto = {k: entry[k] for k in AUTO_KEYS if k in entry}
+    if source == "auto":
+        if not isinstance(auto.get("model"), str) or not auto.get("model"):
+            problems.append(f"{where}: need = 'auto' estimates the need of a Keras model: "
+                            f"give model = 'module:function' or a '.keras' path. "
+                            f"Received: model={auto.get('model')!r}")
+        try:
+            checks.count("batch_size", auto.get("batch_size"), example=64)
+        except ValueError as e:
+            problems.append(f"{where}: need = 'auto' needs a batch_size: {e}")
+    elif auto:
+        problems.append(f"{where}: {', '.join(auto)} only serve need = 'auto'; this job's "
+                        f"need is {need_value!r}. Set need = 'auto' or remove them.")
+    return need, source, auto
+
+
 def _job(entry: Any, index: int, problems: list[str]) -> Job | None:
     where = f"job {index}"
     if not isinstance(entry, Mapping):
@@ -213,24 +239,7 @@ def _job(entry: Any, index: int, problems: list[str]) -> Job | None:
     else:
         command = _command(entry["command"], where, problems)
     need_value = entry.get("need")
-    need, source = None, "learned"
-    if isinstance(need_value, str) and need_value.strip().lower() == "auto":
-        source = "auto"
-    elif need_value is not None:
-        need, source = _size(need_value, "need", where, problems), "given"
-    auto = {k: entry[k] for k in AUTO_KEYS if k in entry}
-    if source == "auto":
-        if not isinstance(auto.get("model"), str) or not auto.get("model"):
-            problems.append(f"{where}: need = 'auto' estimates the need of a Keras model: "
-                            f"give model = 'module:function' or a '.keras' path. "
-                            f"Received: model={auto.get('model')!r}")
-        try:
-            checks.count("batch_size", auto.get("batch_size"), example=64)
-        except ValueError as e:
-            problems.append(f"{where}: need = 'auto' needs a batch_size: {e}")
-    elif auto:
-        problems.append(f"{where}: {', '.join(auto)} only serve need = 'auto'; this job's "
-                        f"need is {need_value!r}. Set need = 'auto' or remove them.")
+    need, source, auto = _need(entry, where, problems)
     env = entry.get("env", {})
     if not isinstance(env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
