@@ -164,6 +164,28 @@ def test_an_unreachable_address_is_one_line_and_starts_nothing(data, tmp_path):
     assert not workdir.exists()
 
 
+def test_the_cli_and_memfit_share_hand_ray_jobs_to_the_cluster(data, tmp_path):
+    """`memfit share --ray ADDRESS` and `memfit.share(..., ray=ADDRESS)` go to Ray: an
+    unreachable address is one line, exit 2, before any workdir exists."""
+    workdir = tmp_path / "share"
+    with pytest.raises(ClusterError):
+        memfit.share([_job("a", data, tmp_path)], ray="127.0.0.1:1", workdir=workdir,
+                     overhead="256MiB", device="cpu", out=False)
+    with pytest.raises(ValueError, match="ray must be True"):
+        memfit.share([_job("a", data, tmp_path)], ray=3, workdir=workdir, out=False)
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text('[[job]]\nname = "a"\ncommand = ["python", "-c", "pass"]\n'
+                    'need = "64MiB"\n')
+    out = subprocess.run([sys.executable, "-m", "memfit", "share", str(jobs), "--ray",
+                          "127.0.0.1:1", "--overhead", "16MiB", "--device", "cpu",
+                          "--workdir", str(workdir)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("memfit share: error: Cannot reach the Ray cluster")
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not workdir.exists()
+
+
 def test_without_ray_the_error_names_the_extra(data, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)          # `import ray` fails
     with pytest.raises(RayMissingError) as e:

@@ -11,8 +11,11 @@ that goes above its share is stopped (with --restart: supervised by `memfit run`
 restarts it from its checkpoints) while the others keep running. On a GPU each job is
 capped at its need (the job calls memfit.configure_device()). The whole file is checked
 before anything starts. Output: WORKDIR/jobs/NAME/{stdout,stderr}.log; one log,
-WORKDIR/memory.jsonl, that `memfit report WORKDIR` draws. Exit code: 0 when every job
-finished, 1 when one failed or was stopped, 2 for a bad jobs file, 130 on Ctrl-C.
+WORKDIR/memory.jsonl, that `memfit report WORKDIR` draws. With --ray the same jobs run
+on a Ray cluster: each declares its charge to Ray as memory, is held to its share on its
+node, and resumes exactly on another node if its node dies (docs/scale-out.md). Exit
+code: 0 when every job finished, 1 when one failed or was stopped, 2 for a bad jobs file
+(or a job that fits no node), 130 on Ctrl-C.
 
 example JOBS.toml:
   budget = "2GiB"                 # optional (--budget wins)
@@ -33,6 +36,8 @@ examples:
   memfit share examples/jobs.toml --budget 2GiB --workdir runs/share
   memfit share jobs.toml --dry-run                  # the plan: needs, charges, first wave
   memfit share jobs.toml --device gpu:0 --budget 40GiB --restart
+  memfit share jobs.toml --ray                      # a local Ray instance ($RAY_ADDRESS: join it)
+  memfit share jobs.toml --ray 10.0.0.5:6379 --workdir /shared/runs/share
   memfit report runs/share                          # every job on one timeline
 """
 
@@ -67,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "framework baseline; e.g. 16MiB for jobs that are not TensorFlow)")
     p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between samples of every job (default: 0.5)")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="run the jobs on a Ray cluster, each placed by its charge and held to "
+                        "it on its node: join ADDRESS (host:port), else $RAY_ADDRESS, else "
+                        "start a local Ray instance; needs pip install 'memfit[ray]' (see "
+                        "docs/scale-out.md)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the jobs file and print the plan; start nothing")
     p.add_argument("--report", action="store_true",
@@ -76,12 +86,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from memfit.share import plan, share
 
-    planned = plan(args.jobs, budget=args.budget, device=args.device,
-                   overhead=args.overhead, workdir=args.workdir, restart=args.restart)
-    if args.dry_run:
-        print(planned)
-        return 0
-    result = share(planned, interval=args.interval)       # prints the plan, then the status
+    if args.ray is not None and not args.dry_run:
+        result = share(args.jobs, budget=args.budget, device=args.device,
+                       overhead=args.overhead, workdir=args.workdir, restart=args.restart,
+                       interval=args.interval, ray=args.ray)
+    else:
+        planned = plan(args.jobs, budget=args.budget, device=args.device,
+                       overhead=args.overhead, workdir=args.workdir, restart=args.restart)
+        if args.dry_run:
+            print(planned)
+            return 0
+        result = share(planned, interval=args.interval)   # prints the plan, then the status
     if args.report:
         from memfit.report import write_report
 

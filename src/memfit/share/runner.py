@@ -69,7 +69,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
           budget: str | int | None = None, device: str | None = None,
           workdir: str | os.PathLike = DEFAULT_WORKDIR, restart: bool = False,
           overhead: str | int | None = None, interval: float = 0.5,
-          out: TextIO | None | bool = None) -> ShareResult:
+          out: TextIO | None | bool = None, ray: bool | str | None = None) -> ShareResult:
     """Runs several jobs on one device, never charging more than the budget at once.
 
     Each job is charged its need plus the per-process overhead of the device (see
@@ -102,6 +102,10 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
         interval: seconds between two samples of every job (enforcement acts this fast).
         out: where the status and the summary go (``None``: stderr, a live table when
             it is a terminal; ``False``: nowhere).
+        ray: run the jobs on a Ray cluster instead (:func:`memfit.share.cluster.run_on_ray`,
+            docs/scale-out.md): ``True`` joins ``$RAY_ADDRESS`` or starts a local Ray
+            instance; ``"host:port"`` joins that cluster. ``budget`` is then the memory of a
+            local instance's node. Needs ``pip install 'memfit[ray]'``.
 
     Returns:
         A :class:`ShareResult`; ``print`` it for the summary.
@@ -111,6 +115,15 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
         ValueError: for a bad ``interval``.
         MemfitError: if the workdir cannot be written or its log is not memfit's.
     """
+    if ray is not None and ray is not False:
+        from memfit.share.cluster import run_on_ray
+
+        if not isinstance(ray, bool | str) or not ray:
+            raise ValueError(f"ray must be True (a local instance, or $RAY_ADDRESS) or a "
+                             f"cluster's address such as '10.0.0.5:6379'. Received: ray={ray!r}")
+        return run_on_ray(jobs, address=None if ray is True else ray, budget=budget,
+                          device=device, workdir=workdir, restart=restart,
+                          overhead=overhead, interval=interval, out=out)
     interval = checks.seconds("interval", interval)
     p = jobs if isinstance(jobs, Plan) else plan(
         jobs, budget=budget, device=device, overhead=overhead, workdir=workdir,
