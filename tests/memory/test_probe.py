@@ -7,7 +7,7 @@ import numpy as np
 import psutil
 import pytest
 
-from memfit.memory import measure, sample
+from memfit.memory import measure, probe, sample
 from memfit.memory.probe import _parse_status
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
@@ -98,3 +98,29 @@ def test_measure_rejects_bad_interval():
     with pytest.raises(ValueError, match="interval=0"):
         with measure(interval=0):
             pass
+
+
+def test_the_kernel_tells_a_shared_address_space_from_a_forked_one():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert probe.shares_memory(os.getpid(), os.getpid())
+        assert not probe.shares_memory(os.getpid(), child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_child_in_its_parents_memory_is_not_counted_twice(monkeypatch):
+    """A vfork child before its exec shows its parent's whole memory as its own: the tree
+    counts it once (the helper's memory), not twice."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.5)
+        both = sample(tree=True)
+        monkeypatch.setattr(probe, "shares_memory", lambda a, b: b == child.pid)
+        alone = sample(tree=True)
+        assert both.processes == alone.processes + 1
+        assert alone.rss < both.rss
+    finally:
+        child.kill()
+        child.wait()

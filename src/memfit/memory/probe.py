@@ -19,8 +19,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +33,7 @@ from memfit import checks
 from memfit.sizes import format_size
 
 __all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
-           "nvml_memory", "extended_record"]
+           "nvml_memory", "extended_record", "shares_memory"]
 
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file",
                   "RssShmem": "rss_shmem", "VmHWM": "rss_peak"}
@@ -93,12 +95,41 @@ def _parse_status(text: str) -> dict[str, int] | None:
         key, _, rest = line.partition(":")
         if key == "State" and rest.split()[:1] in (["Z"], ["X"]):
             return None
+        if key == "PPid":
+            out["ppid"] = int(rest.split()[0])
+            continue
         field = _STATUS_FIELDS.get(key)
         if field:
             out[field] = int(rest.split()[0]) * 1024   # the kernel prints kB
     if "rss" not in out:
-        out = {"rss": 0, "rss_anon": 0, "rss_file": 0, "rss_shmem": 0}
+        out = {"rss": 0, "rss_anon": 0, "rss_file": 0, "rss_shmem": 0,
+               **({"ppid": out["ppid"]} if "ppid" in out else {})}
     return out
+
+
+_KCMP = {"x86_64": 312, "aarch64": 272, "arm64": 272}.get(platform.machine())
+_KCMP_VM = 1
+
+
+def shares_memory(a: int, b: int) -> bool:
+    """Whether processes ``a`` and ``b`` share one address space (Linux ``kcmp``).
+
+    A child started with ``vfork`` (CPython's ``subprocess`` uses it) runs in its
+    parent's memory until it executes its program: for that instant ``/proc`` shows the
+    parent's whole memory as the child's too, and a tree that counted both would read
+    twice its size. ``False`` where the kernel cannot tell (no ``kcmp``, not permitted).
+
+    Example:
+        >>> shares_memory(os.getpid(), os.getpid())
+        True
+    """
+    if _KCMP is None:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_KCMP, a, b, _KCMP_VM, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _one(pid: int) -> Sample:
@@ -147,7 +178,8 @@ def sample(pid: int | None = None, *, tree: bool = False) -> Sample:
     Args:
         pid: the process; defaults to this one.
         tree: sum over the process and all its descendants (children that exit while
-            being read are skipped).
+            being read are skipped, and so is a child that still runs in its parent's
+            memory, see :func:`shares_memory`).
 
     Raises:
         ProcessLookupError: if ``pid`` does not exist.
@@ -164,6 +196,8 @@ def sample(pid: int | None = None, *, tree: bool = False) -> Sample:
         status = _read_status(child)
         if status is None:          # exited, a zombie, or not readable: holds no memory we see
             continue
+        if "ppid" in status and shares_memory(status["ppid"], child):
+            continue                # a vfork child before its exec: its parent's memory
         total = Sample(t=total.t, pid=pid, rss=total.rss + status["rss"],
                        rss_anon=_add(total.rss_anon, status.get("rss_anon")),
                        rss_file=_add(total.rss_file, status.get("rss_file")),
