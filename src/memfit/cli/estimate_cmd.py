@@ -4,11 +4,17 @@ MODEL is a .keras file or module:function returning a model (keras.applications
 functions are called with weights=None). memfit builds the model, traces one training
 step and plays its tensors' lifetimes: weights, optimizer slots, gradients and
 activations at the step's peak, the input batch, the runtime and the framework
-baseline (from `memfit calibrate`). With --budget it says whether the batch fits, the
-largest batch size that does, and what to change. --measure also runs a few real
-training steps in a child process and prints predicted vs measured.
+baseline (from `memfit calibrate`), and the range the estimate carries under the
+allocator policy (low - high: how far it was off on model families it was not fitted
+on, docs/estimate.md). With --budget it answers "fits" only when the high end fits,
+"does not fit" when not even the low end does, and otherwise "uncertain: run memfit
+find-batch-size"; it gives the largest batch size whose high end fits, and what to
+change. --measure also runs a few real training steps in a child process and prints
+predicted vs measured.
 
-Exit status: 0; 1 when --budget is given and the batch does not fit; 2 on bad input.
+Exit status: 0 (without --budget, or it fits); 1 when the batch does not fit; 3 when it
+is uncertain (the budget is inside the range: a script that trains on exit 0 does not
+start a training the estimate cannot vouch for); 2 on bad input.
 
 examples:
   memfit estimate model.keras --batch-size 64
@@ -24,10 +30,13 @@ import argparse
 import json
 import sys
 
+from memfit.estimate.band import DOES_NOT_FIT, FITS, UNCERTAIN
 from memfit.estimate.optimizers import OPTIMIZERS
 from memfit.sizes import format_size
 
 NAME = "estimate"
+#: The exit status for each answer to --budget (``None``: no budget given).
+EXIT_STATUS = {None: 0, FITS: 0, DOES_NOT_FIT: 1, UNCERTAIN: 3}
 HELP = "estimate a Keras model's training memory (and the largest batch that fits)"
 
 
@@ -97,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(e)
         if measured is not None:
             _print_measure(measured, e.model_bytes, args.steps)
-    return 1 if e.fits is False else 0
+    return EXIT_STATUS[e.verdict]
 
 
 def _print_measure(measured: dict, predicted: int, steps: int) -> None:

@@ -29,8 +29,13 @@ The estimate is the sum of parts a user can act on:
 * **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
 
 ``model_bytes`` (everything but the baseline) predicts what
-:func:`memfit.estimate.measure.measure_training` measures; ``total`` adds the baseline
-and is what must fit in the budget.
+:func:`memfit.estimate.measure.measure_training` measures; ``total`` adds the baseline.
+Out of the panel the constants were fitted on, the prediction errs both ways, so the
+estimate carries a **range** (:mod:`memfit.estimate.band`): ``total_low`` …
+``total_high``. A budget "fits" only when ``total_high`` does, "does not fit" when not
+even ``total_low`` does, and is "uncertain" in between (:attr:`Estimate.verdict`);
+``max_batch_size`` is the largest batch whose ``total_high`` fits, from a high end that
+never falls as the batch grows (:meth:`Estimator.high`).
 
 Example:
     >>> import keras
@@ -53,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memfit.estimate.band import BANDS, DOES_NOT_FIT, FITS, UNCERTAIN, scaled, verdict
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import LayerRow, layer_rows, param_bytes, param_count
@@ -149,11 +155,13 @@ class Estimate:
             comes) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB; see
             :mod:`memfit.memory.allocator`).
         baseline: the framework baseline; ``baseline_source`` says where it came from.
+        model_bytes_low / model_bytes_high: the range of ``model_bytes`` under this
+            allocator policy (:mod:`memfit.estimate.band`).
         peak_op: the op of the training step at which the peak is reached.
         params_trainable / params_non_trainable: parameter counts.
         budget: the budget asked about, or ``None``.
-        max_batch_size: the largest batch size whose total fits ``budget`` (0: none
-            does), or ``None`` without a budget.
+        max_batch_size: the largest batch size whose high end (``total_high``) fits
+            ``budget`` (0: none does), or ``None`` without a budget.
         advice: what to change when it does not fit (empty otherwise).
     """
 
@@ -178,6 +186,8 @@ class Estimate:
     peak_op: str
     params_trainable: int
     params_non_trainable: int
+    model_bytes_low: int
+    model_bytes_high: int
     budget: int | None = None
     max_batch_size: int | None = None
     advice: tuple[str, ...] = ()
@@ -199,9 +209,29 @@ class Estimate:
         return self.model_bytes + self.baseline
 
     @property
+    def total_low(self) -> int:
+        """The low end of ``total``: ``model_bytes_low`` + the baseline."""
+        return self.model_bytes_low + self.baseline
+
+    @property
+    def total_high(self) -> int:
+        """The high end of ``total``: ``model_bytes_high`` + the baseline."""
+        return self.model_bytes_high + self.baseline
+
+    @property
+    def verdict(self) -> str | None:
+        """``"fits"`` (the high end fits the budget), ``"does not fit"`` (not even the
+        low end does), ``"uncertain"`` (in between: run ``memfit find-batch-size``), or
+        ``None`` without a budget."""
+        if self.budget is None:
+            return None
+        return verdict(low=self.total_low, high=self.total_high, budget=self.budget)
+
+    @property
     def fits(self) -> bool | None:
-        """Whether ``total`` fits the budget (``None`` without one)."""
-        return None if self.budget is None else self.total <= self.budget
+        """``True`` when the high end fits the budget, ``False`` when not even the low
+        end does; ``None`` when uncertain (see :attr:`verdict`) or without a budget."""
+        return {FITS: True, DOES_NOT_FIT: False}.get(self.verdict)
 
     def components(self) -> list[tuple[str, int]]:
         """``(name, bytes)`` for each part, in the order printed."""
@@ -220,7 +250,8 @@ class Estimate:
         out["layers"] = [row.to_json() for row in self.layers]
         out["advice"] = list(self.advice)
         out.update(step_peak=self.step_peak, model_bytes=self.model_bytes,
-                   total=self.total, fits=self.fits)
+                   total=self.total, total_low=self.total_low,
+                   total_high=self.total_high, fits=self.fits, verdict=self.verdict)
         return out
 
     def __str__(self) -> str:
@@ -246,11 +277,18 @@ class Estimate:
         for name, value in self.components():
             lines.append(f"  {name:<{width}}  {format_size(value):>10}")
         lines.append(f"  {'total':<{width}}  {format_size(self.total):>10}")
+        lines.append(f"  {'range':<{width}}  {format_size(self.total_low):>10} - "
+                     f"{format_size(self.total_high)} (measured out of family, "
+                     f"{self.allocator_policy} policy: docs/estimate.md)")
         lines.append(f"  (the step peaks at {self.peak_op})")
         if self.budget is not None:
-            verdict = "fits" if self.fits else "does NOT fit"
+            said = {FITS: "fits (even the high end)",
+                    DOES_NOT_FIT: "does NOT fit (not even the low end)",
+                    UNCERTAIN: "uncertain: the budget is inside the range; run memfit "
+                               "find-batch-size"}[self.verdict or UNCERTAIN]
             lines.append(f"budget {format_size(self.budget)}: batch {self.batch_size} "
-                         f"{verdict}; largest batch size that fits: {self.max_batch_size}")
+                         f"{said}; largest batch size whose high end fits: "
+                         f"{self.max_batch_size}")
         for line in self.advice:
             lines.append(f"  - {line}")
         return "\n".join(lines)
@@ -287,6 +325,8 @@ class Estimator:
         with input_errors():
             self.allocator = check_allocator(allocator)
         self.constants = FITTED[self.allocator]
+        self.band = BANDS[self.allocator]
+        self._held: dict[tuple[int, int], int] = {}
         check_policy(dtype_policy)
         if isinstance(optimizer, str):
             check_optimizer(optimizer)
@@ -314,11 +354,11 @@ class Estimator:
         self.layers = tuple(layer_rows(m, self.step))
         self.baseline, self.baseline_source = framework_baseline(self.device)
 
-    def _peak(self, batch_size: int) -> Any:
+    def _peak(self, batch_size: int, played_at: int | None = None) -> Any:
         threshold = FIXED_MMAP_THRESHOLD if self.allocator == "fixed" else None
-        return self.step.peak(batch_size, mmap_threshold=threshold)
+        return self.step.peak(batch_size, mmap_threshold=threshold, played_at=played_at)
 
-    def features(self, batch_size: int) -> dict[str, float]:
+    def features(self, batch_size: int, played_at: int | None = None) -> dict[str, float]:
         """The raw terms of the estimate at ``batch_size`` (bytes), before the fitted
         constants: see :func:`predict_from_features` and :data:`FIT_TERMS`.
 
@@ -328,8 +368,10 @@ class Estimator:
 
         Args:
             batch_size: samples per step.
+            played_at: the play (op order, which buffers are mapped) taken at this batch
+                size, every buffer sized at ``batch_size`` (``None``: ``batch_size``).
         """
-        peak = self._peak(batch_size)
+        peak = self._peak(batch_size, played_at)
         return {"exact": self.weights + self.slots + self.per_sample_input * batch_size
                 + self.pipeline, "peak": peak.bytes, "heap": peak.heap_bytes,
                 "mmap": peak.mmap_bytes, "one": 1, "ops": self.step.graph_ops}
@@ -356,19 +398,56 @@ class Estimator:
                 + p["allocator"] + p["input_batch"] + self.pipeline + p["runtime"]
                 + p["margin"] + self.baseline)
 
+    def held_model_bytes(self, batch_size: int) -> int:
+        """``model_bytes`` held non-decreasing in the batch size: the largest prediction
+        at ``batch_size`` of the plays at the powers of two up to it (each play's op
+        order and glibc's split kept, every buffer sized at ``batch_size``). Under one
+        play every buffer grows with the batch; a larger batch adds plays: so the value
+        never falls as the batch grows, where the play of each batch size alone can
+        (its op order and which buffers glibc maps change with the batch).
+
+        Example:
+            >>> est = Estimator("mymodels:make_mlp")                         # doctest: +SKIP
+            >>> est.held_model_bytes(48) <= est.held_model_bytes(49)          # doctest: +SKIP
+            True
+
+        Args:
+            batch_size: samples per step.
+        """
+        best, g = 0, 1
+        while g <= batch_size:
+            key = (g, batch_size)
+            if key not in self._held:
+                self._held[key] = predict_from_features(self.features(batch_size, g),
+                                                        self.constants)
+            best, g = max(best, self._held[key]), g * 2
+        return best
+
+    def low(self, batch_size: int) -> int:
+        """The low end of ``total`` at ``batch_size``: the point prediction times the
+        policy's band ``low`` (:data:`memfit.estimate.band.BANDS`), + the baseline."""
+        return scaled(self.total(batch_size) - self.baseline, self.band["low"]) + self.baseline
+
+    def high(self, batch_size: int) -> int:
+        """The high end of ``total`` at ``batch_size``: :meth:`held_model_bytes` times the
+        band's ``high``, + the baseline; never falls as the batch grows."""
+        return scaled(self.held_model_bytes(batch_size), self.band["high"]) + self.baseline
+
     def max_batch_size(self, budget: int | str) -> int:
-        """The largest batch size whose total fits ``budget`` (0 when not even 1 fits)."""
+        """The largest batch size whose high end (:meth:`high`) fits ``budget`` (0 when
+        not even 1 does). The high end never falls as the batch grows, so every smaller
+        batch fits too and the next one does not."""
         budget = parse_size(budget, name="budget")
-        if self.total(1) > budget:
+        if self.high(1) > budget:
             return 0
         lo, hi = 1, 2
-        while hi < MAX_BATCH and self.total(hi) <= budget:
+        while hi < MAX_BATCH and self.high(hi) <= budget:
             lo, hi = hi, hi * 2
-        if hi >= MAX_BATCH and self.total(MAX_BATCH) <= budget:
+        if hi >= MAX_BATCH and self.high(MAX_BATCH) <= budget:
             return MAX_BATCH
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.total(mid) <= budget:
+            if self.high(mid) <= budget:
                 lo = mid
             else:
                 hi = mid
@@ -390,7 +469,9 @@ class Estimator:
                      runtime=p["runtime"], margin=p["margin"],
                      allocator_policy=self.allocator, baseline=self.baseline,
                      baseline_source=self.baseline_source, peak_op=p["peak_op"],
-                     params_trainable=trainable, params_non_trainable=frozen)
+                     params_trainable=trainable, params_non_trainable=frozen,
+                     model_bytes_low=self.low(batch_size) - self.baseline,
+                     model_bytes_high=self.high(batch_size) - self.baseline)
         if budget_bytes is None:
             return e
         best = self.max_batch_size(budget_bytes)
@@ -398,18 +479,23 @@ class Estimator:
                                    advice=tuple(self.advice(e, budget_bytes, best)))
 
     def advice(self, e: Estimate, budget: int, best: int) -> list[str]:
-        """What to change when batch ``e.batch_size`` does not fit ``budget``."""
-        if e.total <= budget:
+        """What to change when batch ``e.batch_size`` is not sure to fit ``budget``."""
+        if e.total_high <= budget:
             return []
         out = []
         if best > 0:
-            out.append(f"use batch size {best} or smaller (batch {e.batch_size} needs "
-                       f"{format_size(e.total)}, the budget is {format_size(budget)})")
+            out.append(f"use batch size {best} or smaller (batch {e.batch_size} needs up to "
+                       f"{format_size(e.total_high)}, the budget is {format_size(budget)})")
         else:
             fixed = e.weights + e.optimizer_slots + e.runtime + e.baseline + e.pipeline
-            out.append(f"not even batch size 1 fits (it needs {format_size(self.total(1))}); "
+            out.append(f"not even batch size 1 fits for sure (it needs up to "
+                       f"{format_size(self.high(1))}); "
                        f"weights, optimizer state, runtime and baseline alone need "
                        f"{format_size(fixed)}")
+        if e.total_low <= budget:
+            out.append(f"the budget is inside the estimate's range "
+                       f"({format_size(e.total_low)} - {format_size(e.total_high)}): "
+                       f"memfit find-batch-size measures real steps")
         if e.dtype_policy == "float32" and e.activations > e.weights:
             out.append(f"mixed precision (--dtype-policy mixed_float16, or mixed_bfloat16) "
                        f"stores activations in 16 bits: about {format_size(e.activations // 2)}"

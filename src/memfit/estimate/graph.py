@@ -115,7 +115,8 @@ class StepGraph:
                                          batch_size=batch_size).play()
         return self._events[key]
 
-    def peak(self, batch_size: int, mmap_threshold: int | None = None) -> Peak:
+    def peak(self, batch_size: int, mmap_threshold: int | None = None, *,
+             played_at: int | None = None) -> Peak:
         """The simulated peak of live tensor bytes at ``batch_size``, and the peaks of
         the buffers glibc serves from its heap and from ``mmap`` (see
         :class:`~memfit.estimate.schedule.Peak`).
@@ -125,10 +126,16 @@ class StepGraph:
             mmap_threshold: glibc's mmap threshold in bytes when it is fixed (buffers of
                 at least this size are mapped); ``None``: glibc's dynamic threshold,
                 which ends at the largest buffer of the step (at most 32 MiB).
+            played_at: take the order of the ops, and which buffers glibc maps, from
+                the play at this batch size, with every buffer sized at
+                ``batch_size`` (``None``: played at ``batch_size``). The peak is then
+                non-decreasing in ``batch_size``.
         """
         first = self._first_backward()
-        return peak(self.schedule(batch_size), batch_size, mmap_threshold,
-                    is_backward=lambda name: self._index.get(name, first) >= first)
+        at = batch_size if played_at is None else played_at
+        return peak(self.schedule(at), batch_size, mmap_threshold,
+                    is_backward=lambda name: self._index.get(name, first) >= first,
+                    split_batch=played_at)
 
     def _first_backward(self) -> int:
         """Creation index of the first backward op: ops made before it are the forward

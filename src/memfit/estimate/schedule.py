@@ -311,7 +311,7 @@ class Peak:
 
 
 def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
-         is_backward: Callable[[str], bool]) -> Peak:
+         is_backward: Callable[[str], bool], split_batch: int | None = None) -> Peak:
     """The peak of live bytes over ``events`` at ``batch_size``, and the peaks of the
     buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
 
@@ -323,12 +323,19 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
             at the largest buffer of the step (at most 32 MiB).
         is_backward: whether a buffer made by the op of this name is the backward
             pass's.
+        split_batch: decide which buffers glibc maps from their sizes at this batch
+            size instead (``None``: at ``batch_size``). With the play and the split
+            held, every peak is non-decreasing in ``batch_size`` (what the estimate's
+            high end needs: a buffer that crosses the threshold would otherwise move
+            from the heap's scale to the mapped one).
     """
-    threshold = _largest_heap_buffer(events, batch_size, mmap_threshold)
+    split_at = batch_size if split_batch is None else split_batch
+    threshold = _largest_heap_buffer(events, split_at, mmap_threshold)
 
-    def mapped_by_glibc(size: int, items: int) -> bool:
-        if items:       # an accumulator: many tensors, each its own allocation
-            return mmap_threshold is not None and size // items > threshold
+    def mapped_by_glibc(b: Buffer) -> bool:
+        size = tensor_bytes(b.fixed, b.per, b.cap, split_at)
+        if b.items:       # an accumulator: many tensors, each its own allocation
+            return mmap_threshold is not None and size // b.items > threshold
         return size > threshold
 
     live: dict[int, tuple[int, str, bool]] = {}
@@ -338,7 +345,7 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
     for op, allocated, freed in events:
         for b in allocated:
             size = tensor_bytes(b.fixed, b.per, b.cap, batch_size)
-            is_mapped = mapped_by_glibc(size, b.items)
+            is_mapped = mapped_by_glibc(b)
             live[b.id] = (size, b.owner, is_mapped)
             total += size
             if is_mapped:

@@ -224,8 +224,8 @@ def _estimate_need(job: Job, device: str) -> tuple[int | None, str]:
                    "batch_size": a["batch_size"], "optimizer": a.get("optimizer"),
                    "dtype_policy": a.get("dtype_policy"), "device": device}
         r = run_child(request, timeout=_ESTIMATE_TIMEOUT)
-        if r.status == "ok" and isinstance(r.report.get("model_bytes"), int):
-            _estimates[key] = (r.report["model_bytes"],
+        if r.status == "ok" and isinstance(r.report.get("model_bytes_high"), int):
+            _estimates[key] = (r.report["model_bytes_high"],   # the range's high end
                                f"auto: estimate of {a['model']} at batch {a['batch_size']}")
         else:
             _estimates[key] = (None, f"cannot estimate {a['model']!r} at batch size "

@@ -1,0 +1,262 @@
+"""The estimate, held out by family: predicted vs measured on a wide panel of architectures.
+
+The panel (``benchmarks/estimate_family_models.py``: 34 architectures in 11 families,
+three batch sizes each) is measured in children (:func:`memfit.estimate.measure_training`,
+the definition ``--measure`` uses: peak anonymous RSS over the framework baseline, 4
+``train_on_batch`` steps, Adam, MSE loss) and predicted by the estimator in this process.
+Each case (model × batch × dtype policy × allocator policy) is cached in a JSON file
+(``--cache``) as soon as it is measured, so the long run resumes where it stopped, and
+reruns can be compared case by case.
+
+    .venv/bin/python benchmarks/estimate_families.py --quick                 # float32, 1 batch
+    .venv/bin/python benchmarks/estimate_families.py --policy fixed          # the full panel
+    .venv/bin/python benchmarks/estimate_families.py --families recurrent,wide_mlp
+    .venv/bin/python benchmarks/estimate_families.py --report-only           # cached cases only
+    .venv/bin/python benchmarks/estimate_families.py --repredict             # play again
+
+Prints, per allocator policy, one markdown table per family (every case), a summary per
+family (mean relative error, share under-estimated, worst case) and the overall figures,
+then the **band** (:data:`memfit.estimate.estimator.BANDS`): the low and high ends of the
+estimate, chosen as the extremes of ``measured / predicted`` on the families in the
+fold, and judged on the family left out (leave one family out: every figure marked
+"out of family" comes from families the band never saw). ``--band`` prints the band
+fitted on every family, for ``BANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+MODELS = HERE.with_name("estimate_family_models.py")
+DEFAULT_CACHE = HERE.with_name("estimate_families.json")
+DTYPES = ("float32", "mixed_float16")
+
+sys.path.insert(0, str(HERE.parent))
+from estimate_family_models import FAMILIES, IN_OLD_PANEL  # noqa: E402
+
+
+def case_key(name: str, batch: int, dtype: str, allocator: str) -> str:
+    """The cache key of one case."""
+    return f"{name}|{batch}|{dtype}|{allocator}"
+
+
+def select(families: list[str], dtypes: list[str], allocators: list[str],
+           quick: bool) -> list[dict]:
+    """The cases to run, in order: family, model, allocator policy, dtype, batch."""
+    out = []
+    for family in families:
+        for name, batches, shape in FAMILIES[family]:
+            for allocator in allocators:
+                for dtype in dtypes:
+                    for batch in (batches[1:2] if quick else batches):
+                        out.append({"family": family, "model": name, "batch": batch,
+                                    "dtype": dtype, "allocator": allocator, "shape": shape,
+                                    "key": case_key(name, batch, dtype, allocator)})
+    return out
+
+
+def load(path: Path) -> dict:
+    if path.exists():
+        data = json.loads(path.read_text())
+        return {"measured": data.get("measured", {}), "predicted": data.get("predicted", {})}
+    return {"measured": {}, "predicted": {}}
+
+
+def save(path: Path, cache: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def measure(cases: list[dict], cache: dict, path: Path, steps: int) -> None:
+    """Measures every case not in the cache, saving after each."""
+    from memfit.estimate.measure import measure_training
+
+    todo = [c for c in cases if c["key"] not in cache["measured"]]
+    for i, c in enumerate(todo, 1):
+        t = time.time()
+        r = measure_training(f"{MODELS}:{c['model']}", c["batch"], dtype_policy=c["dtype"],
+                             input_shape=c["shape"], steps=steps, allocator=c["allocator"])
+        cache["measured"][c["key"]] = {
+            "status": r.status, "measured": r.measured, "family": c["family"],
+            "steps": steps, "message": r.message[-500:], "seconds": round(r.seconds, 1),
+            "step_peaks": r.report.get("step_peaks")}
+        save(path, cache)
+        print(f"[{i}/{len(todo)}] measured {c['key']}: {r.status} "
+              f"{(r.measured or 0) / 2**20:.1f} MiB ({time.time() - t:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
+def predict(cases: list[dict], cache: dict, path: Path) -> None:
+    """Predicts every case not in the cache (one trace per model, dtype and policy)."""
+    import keras
+
+    from memfit.estimate import Estimator
+
+    groups: dict = {}
+    for c in cases:
+        if c["key"] not in cache["predicted"]:
+            groups.setdefault((c["model"], c["dtype"], c["allocator"], c["shape"]),
+                              []).append(c)
+    for (name, dtype, allocator, shape), group in groups.items():
+        keras.backend.clear_session()
+        t = time.time()
+        try:
+            est = Estimator(f"{MODELS}:{name}", dtype_policy=dtype, input_shape=shape,
+                            allocator=allocator)
+        except Exception as e:     # noqa: BLE001 -- a model the estimator fails on is a result
+            for c in group:
+                cache["predicted"][c["key"]] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            save(path, cache)
+            continue
+        for c in group:
+            e = est.at(c["batch"])
+            cache["predicted"][c["key"]] = {
+                "model_bytes": e.model_bytes, "low": e.model_bytes_low,
+                "high": e.model_bytes_high, "features": est.features(c["batch"])}
+        save(path, cache)
+        print(f"predicted {name} {dtype} {allocator} ({time.time() - t:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
+def rows_of(cases: list[dict], cache: dict) -> list[dict]:
+    """Every case with both a measurement and a prediction: its relative error."""
+    out = []
+    for c in cases:
+        m, p = cache["measured"].get(c["key"], {}), cache["predicted"].get(c["key"], {})
+        if m.get("status") == "ok" and m.get("measured") and "model_bytes" in p:
+            out.append({**c, "measured": m["measured"], "predicted": p["model_bytes"],
+                        "error": (p["model_bytes"] - m["measured"]) / m["measured"],
+                        "ratio": m["measured"] / p["model_bytes"]})
+    return out
+
+
+def band(ratios: list[float]) -> tuple[float, float]:
+    """The band of ``measured / predicted`` these cases need: ``(low, high)``, the
+    smallest and largest ratio (every case inside)."""
+    return (min(ratios), max(ratios)) if ratios else (1.0, 1.0)
+
+
+def leave_one_family_out(rows: list[dict]) -> dict[str, dict]:
+    """For each family: the band chosen on the other families, and how it does on this
+    one (the share of cases measured above the high end, below the low end)."""
+    out = {}
+    for family in sorted({r["family"] for r in rows}):
+        lo, hi = band([r["ratio"] for r in rows if r["family"] != family])
+        held = [r for r in rows if r["family"] == family]
+        out[family] = {"low": lo, "high": hi, "cases": len(held),
+                       "above_high": sum(r["ratio"] > hi for r in held),
+                       "below_low": sum(r["ratio"] < lo for r in held),
+                       "worst_above": max((r["ratio"] / hi - 1 for r in held), default=0.0)}
+    return out
+
+
+def _mean_abs(xs: list[float]) -> float:
+    return sum(abs(x) for x in xs) / max(len(xs), 1)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def report(rows: list[dict], allocator: str) -> str:
+    """The markdown: a table per family, the per-family summary, the overall figures and
+    the band judged out of family."""
+    lines = [f"## allocator policy `{allocator}`", ""]
+    summary = ["| family | in old panel | cases | mean relative error | under-estimated | "
+               "worst case |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    for family in families:
+        fam = [r for r in rows if r["family"] == family]
+        lines += [f"### {family}", "", "| model | dtype | batch | predicted MiB | "
+                  "measured MiB | error |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for r in fam:
+            lines.append(f"| {r['model']} | {r['dtype']} | {r['batch']} | "
+                         f"{r['predicted'] / 2**20:,.1f} | {r['measured'] / 2**20:,.1f} | "
+                         f"{_pct(r['error'])} |")
+        lines.append("")
+        worst = max(fam, key=lambda r: abs(r["error"]))
+        summary.append(
+            f"| {family} | {'yes' if family in IN_OLD_PANEL else 'no'} | {len(fam)} | "
+            f"{_mean_abs([r['error'] for r in fam]) * 100:.1f} % | "
+            f"{sum(r['error'] < 0 for r in fam)} of {len(fam)} | "
+            f"{_pct(worst['error'])} ({worst['model']} {worst['dtype']} b{worst['batch']}) |")
+    errors = [r["error"] for r in rows]
+    lines += ["### per family", "", *summary, "",
+              f"**{len(rows)} cases: mean relative error {_mean_abs(errors) * 100:.1f} %, "
+              f"under-estimated {sum(e < 0 for e in errors)} of {len(rows)} "
+              f"({sum(e < 0 for e in errors) / max(len(rows), 1) * 100:.0f} %), from "
+              f"{_pct(min(errors, default=0))} to {_pct(max(errors, default=0))}.** "
+              f"Families without a model in the old panel: "
+              f"{', '.join(f for f in families if f not in IN_OLD_PANEL) or 'none'}.", ""]
+    lofo = leave_one_family_out(rows)
+    if len(lofo) > 1:
+        lines += ["### the band, out of family (leave one family out)", "",
+                  "| held-out family | band chosen on the others (× predicted) | cases | "
+                  "above the high end | below the low end | worst above high |",
+                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for family, f in lofo.items():
+            lines.append(f"| {family} | {f['low']:.3f} – {f['high']:.3f} | {f['cases']} | "
+                         f"{f['above_high']} | {f['below_low']} | "
+                         f"{_pct(max(f['worst_above'], 0.0))} |")
+        n = sum(f["cases"] for f in lofo.values())
+        above = sum(f["above_high"] for f in lofo.values())
+        below = sum(f["below_low"] for f in lofo.values())
+        lo, hi = band([r["ratio"] for r in rows])
+        lines += ["", f"**Out of family: {above} of {n} cases measured above the high end "
+                      f"({above / max(n, 1) * 100:.1f} %: an estimate whose high end fit "
+                      f"would have said \"fits\"), {below} below the low end.** Band on every "
+                      f"family (for `BANDS[{allocator!r}]`): low {lo:.4f}, high {hi:.4f}.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from memfit.estimate.measure import DEFAULT_STEPS
+
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help=f"the JSON of every case (default: {DEFAULT_CACHE.name})")
+    p.add_argument("--families", help=f"comma-separated, of: {', '.join(FAMILIES)}")
+    p.add_argument("--policy", default="fixed,default",
+                   help="allocator policies, comma-separated (default: fixed,default)")
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--quick", action="store_true", help="one batch size, float32 only")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--measure-only", action="store_true", help="measure, do not predict")
+    p.add_argument("--report-only", action="store_true",
+                   help="no measuring: predict and report what the cache holds")
+    p.add_argument("--repredict", action="store_true",
+                   help="drop the cached predictions of these cases and play them again")
+    args = p.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        sys.exit(f"unknown families: {', '.join(sorted(unknown))}")
+    dtypes = ["float32"] if args.quick else args.dtypes.split(",")
+    allocators = args.policy.split(",")
+    cases = select(families, dtypes, allocators, args.quick)
+    cache = load(args.cache)
+    if args.repredict:
+        for c in cases:
+            cache["predicted"].pop(c["key"], None)
+    if not args.report_only:
+        measure(cases, cache, args.cache, args.steps)
+    if args.measure_only:
+        return
+    predict([c for c in cases if c["key"] in cache["measured"]], cache, args.cache)
+    for allocator in allocators:
+        rows = rows_of([c for c in cases if c["allocator"] == allocator], cache)
+        if rows:
+            print(report(rows, allocator))
+
+
+if __name__ == "__main__":
+    main()

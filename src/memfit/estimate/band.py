@@ -1,0 +1,80 @@
+"""The estimate's range, and a verdict on a budget that never invites an out-of-memory.
+
+The estimator's point prediction (``model_bytes``) was fitted on one panel of models;
+on architectures it never saw it errs both ways (docs/estimate.md, "Out of family"). So
+an estimate carries a **range** per allocator policy: ``low`` and ``high`` are the point
+prediction times the extremes of ``measured / predicted`` on the family panel
+(``benchmarks/estimate_families.py``), and the high end is taken from a prediction that
+never falls as the batch grows (:meth:`memfit.estimate.estimator.Estimator.high`).
+
+A budget then gets one of three answers (:func:`verdict`):
+
+* ``"fits"``: the high end fits;
+* ``"does not fit"``: not even the low end fits;
+* ``"uncertain"``: the budget lies inside the range: only real steps can tell
+  (``memfit find-batch-size``).
+
+Example:
+    >>> verdict(low=80, high=130, budget=150), verdict(low=80, high=130, budget=100)
+    ('fits', 'uncertain')
+    >>> verdict(low=80, high=130, budget=70)
+    'does not fit'
+    >>> BANDS["fixed"]["low"] < 1 < BANDS["fixed"]["high"]
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["BANDS", "FITS", "DOES_NOT_FIT", "UNCERTAIN", "verdict", "scaled"]
+
+FITS = "fits"
+DOES_NOT_FIT = "does not fit"
+UNCERTAIN = "uncertain"
+
+#: Per allocator policy: the range of ``measured / predicted model_bytes`` the estimate
+#: carries, ``low`` and ``high`` times the point prediction (the high end times the
+#: prediction held non-decreasing in the batch size). Chosen as the smallest and largest
+#: ratio over every case of the family panel (``benchmarks/estimate_families.py``, the
+#: line "Band on every family"); how such a band does on a family it was not chosen on
+#: is the leave-one-family-out table of the same run (docs/estimate.md).
+BANDS: dict[str, dict[str, float]] = {
+    "fixed": {"low": 0.80, "high": 1.35},
+    "default": {"low": 0.55, "high": 1.45},
+}
+
+
+def scaled(value: int, factor: float) -> int:
+    """``value × factor``, rounded away from the point prediction (a low end down, a
+    high end up), so the range never narrows by rounding.
+
+    Example:
+        >>> scaled(100, 1.005), scaled(100, 0.995)
+        (101, 99)
+
+    Args:
+        value: bytes.
+        factor: the band's ``low`` or ``high``.
+    """
+    return math.ceil(value * factor) if factor >= 1 else math.floor(value * factor)
+
+
+def verdict(*, low: int, high: int, budget: int) -> str:
+    """``"fits"`` when ``high`` fits ``budget``, ``"does not fit"`` when ``low`` does not,
+    else ``"uncertain"``.
+
+    Example:
+        >>> verdict(low=1, high=2, budget=2)
+        'fits'
+
+    Args:
+        low: the low end of the estimate's total, in bytes.
+        high: its high end.
+        budget: the memory available, in bytes.
+    """
+    if high <= budget:
+        return FITS
+    if low > budget:
+        return DOES_NOT_FIT
+    return UNCERTAIN
