@@ -71,8 +71,8 @@ EXPLANATIONS = {
         "Find the reference that grows and remove it (clear_session() between models, "
         "tensors instead of Python numbers into tf.function, build datasets once). Until "
         "then, MemoryMonitor(budget=..., on_leak='stop') stops training cleanly, or "
-        "on_leak='restart' saves the model and exits with code 75 for a wrapper to start "
-        "the process again."),
+        "on_leak='restart' under memfit run with a memfit.session checkpoints and "
+        "restarts the process, resuming exactly."),
     "allocator-retention": (
         "RSS grew, but a malloc_trim(0) probe gave most of it back: the memory had been "
         "freed, and glibc kept it in its arenas for reuse. This looks like a leak in "
