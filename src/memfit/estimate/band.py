@@ -40,7 +40,11 @@ UNCERTAIN = "uncertain"
 #: line "Band on every family"); how such a band does on a family it was not chosen on
 #: is the leave-one-family-out table of the same run (docs/estimate.md).
 BANDS: dict[str, dict[str, float]] = {
-    "fixed": {"low": 0.80, "high": 1.35},
+    # 102 cases, float32, 3 batch sizes (0.6092 - 1.3508, rounded outward): the high end
+    # is set by the bidirectional GRU (measured 1.35 x the prediction at b256).
+    "fixed": {"low": 0.60, "high": 1.36},
+    # Not measured on the family panel yet: the errors of issue 18 (-20 % ... +71 %,
+    # eight architectures, 16 cases) and the old panel's default-policy margin, widened.
     "default": {"low": 0.55, "high": 1.45},
 }
 
