@@ -1,7 +1,7 @@
 """Estimate a Keras model's training memory before running it; find the batch size that fits.
 
     memfit.estimate(model, 64)          the estimate (weights, optimizer slots, step peak...)
-    Estimator(model).max_batch_size(b)  the largest batch size whose estimate fits a budget
+    Estimator(model).max_batch_size(b)  the largest batch size whose high end fits a budget
     measure_training(model, 64)         real training steps in a child process, measured
     find_batch_size(model, budget)      OOM-safe search with real steps in child processes
     calibrate("cpu")                    the framework baseline of this machine, cached
