@@ -118,3 +118,18 @@ def print_output(text: str) -> bool:
     except BrokenPipeError:
         silence_stdout()
         return False
+
+
+def add_report_argument(p: argparse.ArgumentParser) -> None:
+    """``--report``: the run's report written at the end (``watch``, ``run``, ``share``)."""
+    p.add_argument("--report", action="store_true",
+                   help="write WORKDIR/report.html and timeline.png at the end")
+
+
+def write_report_if_asked(args: argparse.Namespace) -> None:
+    """Writes ``args.workdir``'s report when ``--report`` was given, and says where."""
+    if args.report:
+        from memfit.report import write_report
+
+        report = write_report(args.workdir)
+        print(f"report: {report.html}", file=sys.stderr)

@@ -21,9 +21,8 @@ examples:
 from __future__ import annotations
 
 import argparse
-import sys
 
-from memfit.cli.common import add_command_argument
+from memfit.cli.common import add_command_argument, add_report_argument, write_report_if_asked
 from memfit.supervise import protocol
 from memfit.supervise.run import run as supervise
 
@@ -54,8 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and exit before it is killed (default: 30)")
     p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between memory samples (default: 0.5)")
-    p.add_argument("--report", action="store_true",
-                   help="write WORKDIR/report.html and timeline.png at the end")
+    add_report_argument(p)
     add_command_argument(p)
 
 
@@ -64,9 +62,5 @@ def run(args: argparse.Namespace) -> int:
                        max_rss=args.max_rss, hard_rss=args.hard_rss,
                        max_restarts=args.max_restarts, grace=args.grace,
                        interval=args.interval, stop_grace=args.stop_grace)
-    if args.report:
-        from memfit.report import write_report
-
-        report = write_report(args.workdir)
-        print(f"report: {report.html}", file=sys.stderr)
+    write_report_if_asked(args)
     return result.exit_code

@@ -44,7 +44,8 @@ examples:
 from __future__ import annotations
 
 import argparse
-import sys
+
+from memfit.cli.common import add_report_argument, write_report_if_asked
 
 NAME = "share"
 HELP = "run several trainings on one device within a memory budget"
@@ -79,8 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "docs/scale-out.md)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the jobs file and print the plan; start nothing")
-    p.add_argument("--report", action="store_true",
-                   help="write WORKDIR/report.html and timeline.png at the end")
+    add_report_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,9 +97,5 @@ def run(args: argparse.Namespace) -> int:
             print(planned)
             return 0
         result = share(planned, interval=args.interval)   # prints the plan, then the status
-    if args.report:
-        from memfit.report import write_report
-
-        report = write_report(args.workdir)
-        print(f"report: {report.html}", file=sys.stderr)
+    write_report_if_asked(args)
     return result.exit_code

@@ -18,7 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memfit.cli.common import add_command_argument, seconds
+from memfit.cli.common import (
+    add_command_argument,
+    add_report_argument,
+    seconds,
+    write_report_if_asked,
+)
 from memfit.memory.watch import watch
 
 NAME = "watch"
@@ -31,17 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between samples (default: 0.5)")
     p.add_argument("--workdir", default="memfit-watch", metavar="DIR",
                    help="where the log memory.jsonl goes (default: memfit-watch)")
-    p.add_argument("--report", action="store_true",
-                   help="write WORKDIR/report.html and timeline.png at exit")
+    add_report_argument(p)
     add_command_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
     result = watch(args.cmd, interval=args.interval, workdir=args.workdir)
     print(result, file=sys.stderr)
-    if args.report:
-        from memfit.report import write_report
-
-        report = write_report(args.workdir)
-        print(f"report: {report.html}", file=sys.stderr)
+    write_report_if_asked(args)
     return result.exit_code
