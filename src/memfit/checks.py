@@ -27,7 +27,7 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["count", "seconds", "flag", "choice"]
+__all__ = ["count", "number", "seconds", "flag", "choice"]
 
 
 def count(name: str, value: Any, *, minimum: int = 1, optional: bool = False,
@@ -51,6 +51,28 @@ def count(name: str, value: Any, *, minimum: int = 1, optional: bool = False,
                      f"{' (or None)' if optional else ''}, such as "
                      f"{max(minimum, 3) if example is None else example}.{_hint(hint)} "
                      f"Received: {name}={value!r}")
+
+
+def number(name: str, value: Any, *, minimum: float = 0, example: float = 1,
+           hint: str = "") -> float:
+    """A finite real number ``>= minimum`` (a share of CPUs, a fraction...).
+
+    Example:
+        >>> number("num_cpus", 0.5)
+        0.5
+
+    Args:
+        name: the argument's name.
+        value: what was given.
+        minimum: the smallest value allowed.
+        example: a value to suggest in the message.
+        hint: a sentence added to the message.
+    """
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= minimum:
+        return float(value)
+    raise ValueError(f"{name} must be a number >= {minimum:g}, such as {example:g}."
+                     f"{_hint(hint)} Received: {name}={value!r}")
 
 
 def seconds(name: str, value: Any, *, positive: bool = True, optional: bool = False,

@@ -291,10 +291,7 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     """
     interval = checks.seconds("interval", interval)
     max_retries = checks.count("max_retries", max_retries, minimum=0)
-    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) \
-            or not 0 <= num_cpus < float("inf"):
-        raise ValueError(f"num_cpus must be a number of CPUs >= 0, such as 1 (each job asks "
-                         f"Ray for it). Received: num_cpus={num_cpus!r}")
+    num_cpus = checks.number("num_cpus", num_cpus, hint="Each job asks Ray for this many CPUs.")
     require_ray()
     address = address or os.environ.get(ADDRESS_ENV) or None
     if address is not None and budget is not None:
