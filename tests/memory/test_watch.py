@@ -1,3 +1,4 @@
+import dataclasses
 import io
 import os
 import signal
@@ -295,3 +296,25 @@ def test_a_supervisor_keeps_a_bounded_number_of_samples_over_the_whole_run():
     assert kept.items[0] == 0 and kept.items[-1] > 99_000     # the whole run covered
     gaps = {b - a for a, b in zip(kept.items, kept.items[1:], strict=False)}
     assert len(gaps) == 1                                      # evenly spaced
+
+
+def test_a_run_that_is_mostly_start_up_is_not_called_a_leak(tmp_path):
+    """From outside, imports look like growth (file-backed and anonymous RSS climb while
+    TensorFlow loads). A 4-second job is mostly that: it is too short to judge, not a
+    leak (a stranger's `memfit share --restart` job was told "leak, +4.7 GiB/min")."""
+    from memfit.memory.log import MemoryLog
+    from memfit.memory.probe import Sample
+    from memfit.memory.watch import judge
+
+    log = tmp_path / "memory.jsonl"
+    MemoryLog(log, source="test").close()
+    mib = 2**20
+    samples = []
+    for i in range(8):                      # 0.5 s apart: 3 s of imports, then 1 s of work
+        loading = min(i, 6) / 6
+        samples.append(Sample(t=1000.0 + i / 2, pid=1, rss=0,
+                              rss_anon=int((20 + 200 * loading) * mib),
+                              rss_file=int((10 + 500 * loading) * mib)))
+    samples = [dataclasses.replace(s, rss=s.rss_anon + s.rss_file) for s in samples]
+    verdict = judge(samples, log, since=0, duration=4.0)
+    assert verdict.verdict.kind != "leak", verdict.headline

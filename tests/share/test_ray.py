@@ -184,6 +184,13 @@ def test_the_cli_and_memfit_share_hand_ray_jobs_to_the_cluster(data, tmp_path):
     assert out.stderr.startswith("memfit share: error: Cannot reach the Ray cluster")
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert not workdir.exists()
+    for ray_args, words in ((["--ray", "127.0.0.1:1", "--dry-run"], "--dry-run plans"),
+                            (["--ray", ""], "--ray got an empty address")):
+        out = subprocess.run([sys.executable, "-m", "memfit", "share", str(jobs), *ray_args,
+                              "--workdir", str(workdir)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert not workdir.exists()
 
 
 def test_without_ray_the_error_names_the_extra(data, tmp_path, monkeypatch):

@@ -86,7 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from memfit.share import plan, share
 
-    if args.ray is not None and not args.dry_run:
+    if args.ray is not None and args.dry_run:
+        raise ValueError("--dry-run plans the jobs on one machine's budget; with --ray the "
+                         "nodes place them, so there is no plan to print before Ray is asked. "
+                         "Leave out --ray to see the needs and charges, or --dry-run to run the jobs on Ray")
+    if args.ray == "":
+        raise ValueError("--ray got an empty address: give a cluster's host:port, or --ray "
+                         "alone for $RAY_ADDRESS or a local Ray instance. Received: --ray ''")
+    if args.ray is not None:
         result = share(args.jobs, budget=args.budget, device=args.device,
                        overhead=args.overhead, workdir=args.workdir, restart=args.restart,
                        interval=args.interval, ray=args.ray)

@@ -192,20 +192,20 @@ def _slice_medians(times: Sequence[float], values: Sequence[float],
 
 
 STARTUP_FILE_SHARE = 0.95    # start-up ends when file-backed RSS reaches this share of its max
-MIN_AFTER_STARTUP = 20       # samples after the start-up needed to judge from them alone
+MIN_AFTER_STARTUP = 20       # samples after the start-up needed to also leave out the teardown
 TEARDOWN = 2.0               # seconds before exit left out: the interpreter frees its memory
 
 
 def _after_startup(samples: Sequence[Sample]) -> int:
     """Index of the first sample after the start-up: imports map their libraries, so
     file-backed RSS climbs until they are loaded (TensorFlow: ~0.5 GiB), and anonymous
-    RSS climbs with it, which from outside would look like growth. 0 when too few
-    samples would be left."""
+    RSS climbs with it, which from outside would look like growth. The start-up is left
+    out even when few samples remain after it: a run that is mostly start-up is too
+    short to judge, and judging its start-up would call the imports a leak."""
     if not samples:
         return 0
     top = max(s.rss_file for s in samples)
-    first = next(i for i, s in enumerate(samples) if s.rss_file >= STARTUP_FILE_SHARE * top)
-    return first if len(samples) - first >= MIN_AFTER_STARTUP else 0
+    return next(i for i, s in enumerate(samples) if s.rss_file >= STARTUP_FILE_SHARE * top)
 
 
 def _before_teardown(samples: Sequence[Sample], first: int) -> int:

@@ -56,6 +56,7 @@ from typing import Any, TextIO
 
 from memfit import checks
 from memfit.memory.process import forward_signals, kill_tree, start
+from memfit.quiet import filters_children
 from memfit.share.cluster_driver import (
     DRIVER_LOG_NAME,
     RAY_DIR,
@@ -269,7 +270,7 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
             the file's ``budget``, else what Ray finds free). A cluster's nodes declare
             their own (``ray start --memory``).
         device: ``"cpu"`` (host memory) or ``"gpu:N"`` (charges are GPU memory); default
-            as :func:`memfit.share.plan` chooses.
+            as :func:`memfit.share.planner.plan` chooses.
         workdir: the share's log and the jobs' directories: a path every node sees.
         restart: supervise every job with ``memfit run`` (restarted from its checkpoint
             when over its share, instead of stopped).
@@ -311,7 +312,8 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     since = time.time()
     write_pickle(ray_dir / REQUEST_NAME, {
         "plan": p, "address": address, "memory": memory, "interval": interval,
-        "num_cpus": num_cpus, "max_retries": max_retries, "card": None, "since": since})
+        "num_cpus": num_cpus, "max_retries": max_retries, "card": None, "since": since,
+        "quiet": filters_children()})
     stream = sys.stderr if out is None else None if out is False else out
     status = Status(stream)  # type: ignore[arg-type]
     follower = LogFollower(wd.log, wd.log.stat().st_size if wd.log.exists() else 0)

@@ -148,7 +148,8 @@ def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
     for job in plan.jobs:            # largest charge first: Ray places them in this order
         ref = task.options(**options[job.name], max_retries=request["max_retries"],
                            retry_exceptions=False, name=f"memfit-share:{job.name}").remote(
-            job, plan.device, workdir, request["interval"], request["since"])
+            job, plan.device, workdir, request["interval"], request["since"],
+            request.get("quiet", False))
         pending[ref] = job.name
     records: dict[str, dict] = {}
     cancelled_at: float | None = None

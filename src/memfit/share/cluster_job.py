@@ -48,6 +48,7 @@ import psutil
 from memfit.memory.log import Event, LogError, MemoryLog, read_log
 from memfit.memory.process import exit_code, kill_tree, start, ticks
 from memfit.memory.sampler import TreeSampler
+from memfit.quiet import quieted
 from memfit.share.cluster_tether import tethered
 from memfit.share.launch import CUDA_DEVICES_ENV, job_command, job_environment
 from memfit.share.layout import JobFiles, JobRecord
@@ -102,7 +103,7 @@ def _signal_name(code: int) -> str:
 
 
 def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
-            since: float) -> dict[str, Any]:
+            since: float, quiet: bool = False) -> dict[str, Any]:
     """Runs one planned job on this node and holds it to its share (a Ray task's body).
 
     Args:
@@ -111,6 +112,9 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
         workdir: the share's workdir, on a path every node sees.
         interval: seconds between two samples of the job's tree.
         since: when the share started (attempts are counted from then).
+        quiet: keep TensorFlow's start-up lines out of the job's ``stderr.log``, as
+            ``memfit share`` does on one machine (:mod:`memfit.quiet`; off with
+            ``--verbose``).
 
     Returns:
         What happened, as a JSON object: ``name``, ``state`` (``finished``, ``failed``,
@@ -132,7 +136,8 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
     started = time.time()
     try:
         mode = "wb" if attempt == 1 else "ab"      # a retry keeps what the first said
-        with open(files.stdout, mode) as out, open(files.stderr, mode) as err:
+        with open(files.stdout, mode) as out, open(files.stderr, mode) as err, \
+                quieted(quiet):
             proc = start(command, env, stdout=out, stderr=err)
     except Exception as e:      # noqa: BLE001 - a job that cannot start fails alone
         code = getattr(e, "exit_code", 126)

@@ -156,8 +156,9 @@ class ClusterView:
                 self.node_memory = {n["name"]: int(n["memory"]) for n in r["nodes"]}
                 for j in r.get("jobs", []):
                     self._job(j["name"]).share = int(j["share"])
-                told.append(f"{len(self.jobs)} jobs on Ray ({r.get('ray', '?')}), "
-                            f"{len(self.node_memory)} nodes: " + ", ".join(
+                count = len(self.node_memory)
+                told.append(f"{len(self.jobs)} jobs on Ray ({r.get('ray', '?')}), {count} "
+                            f"node{'' if count == 1 else 's'}: " + ", ".join(
                                 f"{n} ({format_size(m)})" for n, m in self.node_memory.items()))
             elif event == Event.JOB_START and name:
                 job = self._job(name)

@@ -99,7 +99,7 @@ class Job:
             when it is to be estimated (``need_source == "auto"``) or learned from a
             previous run (``"learned"``).
         need_source: ``"given"``, ``"auto"`` or ``"learned"`` (to be resolved by
-            :func:`memfit.share.plan`).
+            :func:`memfit.share.planner.plan`).
         auto: for ``need = "auto"``: ``model``, ``batch_size`` and the optional
             ``optimizer``, ``dtype_policy``, ``input_shape``.
         env: environment variables for the job.

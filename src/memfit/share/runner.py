@@ -88,7 +88,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
     Args:
         jobs: a jobs file (TOML, see :mod:`memfit.share.jobs`), a list of job dicts
             (``{"name": "a", "command": ["python", "train.py"], "need": "1GiB"}``), or a
-            :class:`~memfit.share.planner.Plan` from :func:`memfit.share.plan`.
+            :class:`~memfit.share.planner.Plan` from :func:`memfit.share.planner.plan`.
         budget: bytes all running jobs may hold together (``"12GiB"``); default: the
             file's ``budget``, else the memory available now (CPU) or the GPU's free
             memory.
