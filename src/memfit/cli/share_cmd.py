@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ray is not None and args.dry_run:
         raise ValueError("--dry-run plans the jobs on one machine's budget; with --ray the "
                          "nodes place them, so there is no plan to print before Ray is asked. "
-                         "Leave out --ray to see the needs and charges, or --dry-run to run the jobs on Ray")
+                         "Leave out --ray to see the needs and charges, or --dry-run to run "
+                         "the jobs on Ray")
     if args.ray == "":
         raise ValueError("--ray got an empty address: give a cluster's host:port, or --ray "
                          "alone for $RAY_ADDRESS or a local Ray instance. Received: --ray ''")
