@@ -143,6 +143,8 @@ def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
                           "restart": j.restart, "ray": options[j.name]}
                          for j in plan.jobs]):
         pass
+    if received:                     # Ctrl-C while Ray was starting: start nothing
+        return {"plan": plan, "nodes": nodes, "records": {}, "interrupted": True}
     task = ray.remote(run_job)
     pending = {}
     for job in plan.jobs:            # largest charge first: Ray places them in this order
