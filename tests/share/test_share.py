@@ -244,3 +244,15 @@ def test_a_real_keras_training_with_need_auto(tmp_path):
     # on the CPU memfit share hands down no GPU setting: configure_device says so
     assert "configure_device: nothing to configure" in \
         (keras_result.directory / "stdout.log").read_text()
+
+
+def test_a_gpu_this_machine_does_not_have_is_refused_before_anything_starts(tmp_path):
+    """Without the card nothing could watch or enforce the jobs' GPU memory: one clear
+    error (exit 2 from the CLI), not a run with every peak '-' and exit 0."""
+    workdir = tmp_path / "share"
+    jobs = [{"name": "a", "command": [sys.executable, "-c", "pass"], "need": "64MiB"}]
+    with pytest.raises(MemfitError, match="cannot see GPU 99") as e:
+        memfit.share(jobs, device="gpu:99", budget="1GiB", overhead="16MiB",
+                     workdir=workdir, out=False)
+    assert e.value.exit_code == 2 and "--device cpu" in str(e.value)
+    assert not workdir.exists()

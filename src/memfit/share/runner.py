@@ -48,13 +48,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from memfit import checks
+from memfit.errors import MemfitError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.process import exit_code, forward_signals, kill_tree
 from memfit.memory.sampler import TreeSampler
 from memfit.share.jobs import JobsSpec
 from memfit.share.launch import start_job
 from memfit.share.layout import DEFAULT_WORKDIR, JobFiles, JobRecord
-from memfit.share.planner import Plan, PlannedJob, pick, plan
+from memfit.share.planner import Plan, PlannedJob, gpu_memory, pick, plan
 from memfit.share.results import JobResult, ShareResult
 from memfit.share.status import Row, Status
 from memfit.sizes import format_size
@@ -128,6 +129,11 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
     p = jobs if isinstance(jobs, Plan) else plan(
         jobs, budget=budget, device=device, overhead=overhead, workdir=workdir,
         restart=restart)
+    if p.device.startswith("gpu") and gpu_memory(int(p.device.split(":")[1])) is None:
+        raise MemfitError(f"memfit share cannot see GPU {p.device.split(':')[1]} here (NVML "
+                          f"finds no such card): it could neither watch nor enforce the jobs' "
+                          f"GPU memory. Give --device cpu, or run where the card is (on a "
+                          f"Ray cluster with GPU nodes: --ray). Received: device={p.device!r}")
     wd = Workdir(p.workdir).create()
     stream = sys.stderr if out is None else None if out is False else out
     status = Status(stream)  # type: ignore[arg-type]
