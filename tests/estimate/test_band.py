@@ -104,3 +104,24 @@ def test_find_batch_size_says_lower_bound_when_no_trial_failed(monkeypatch):
     assert r.batch_size == 25 and r.smallest_failing is None and r.lower_bound
     assert str(r).startswith("at least batch size 25 fits 1.0 GiB")
     assert "a lower bound" in str(r) and r.to_json()["lower_bound"] is True
+
+
+def test_find_batch_size_doubles_from_1_when_the_estimate_has_no_answer(monkeypatch):
+    """The estimate's high end fit no batch size: the search starts at 1 and doubles,
+    instead of trying 1, 2, 3, 4, 5, 6 (a stranger's 6 trials ended at 'at least 6' where
+    141 fit)."""
+    monkeypatch.setattr(search_module, "ensure_calibration", lambda device: None)
+    monkeypatch.setattr(search_module, "run_child", lambda request, timeout: ChildResult(
+        "ok", report={"max_batch_size": 0}))
+    tried = []
+
+    def up_to_100(model, b, **kwargs):
+        tried.append(b)
+        if b > 100:
+            return ChildResult("over-budget", peak=2**30)
+        return ChildResult("ok", measured=b, peak=2**20 + b)
+
+    monkeypatch.setattr(search_module, "measure_training", up_to_100)
+    r = find_batch_size(TINY, "1GiB", max_trials=12)
+    assert tried[:8] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert r.batch_size == 100 and 100 < r.smallest_failing <= 128

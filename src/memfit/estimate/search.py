@@ -188,7 +188,11 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                                 timeout=timeout, allocator=allocator)
 
     search = _Search(measure, max_trials, on_trial)
-    search.bracket(max(1, start if start is not None else estimated), step_factor)
+    # From the estimate (or a given start) the answer is near: grow by step_factor. With
+    # neither, batch size 1 may be far from it: double until a failure brackets it.
+    near = start is not None or estimated > 0
+    search.bracket(max(1, start if start is not None else estimated),
+                   step_factor if near else max(step_factor, 2.0))
     search.bisect(precision)
     advice: tuple[str, ...] = ()
     if search.lo == 0:
