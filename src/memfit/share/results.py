@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 
 from memfit.share.layout import JobFiles
-from memfit.share.planner import Plan, PlannedJob
+from memfit.share.planner import SUPERVISOR_RSS, Plan, PlannedJob
 from memfit.sizes import format_size
 
 __all__ = ["JobResult", "ShareResult"]
@@ -167,7 +167,10 @@ class ShareResult:
         lines.append(f"  most in use at once: {format_size(self.max_in_use)} {what}; most "
                      f"charged: {format_size(self.max_charged)} of {format_size(p.budget)} "
                      f"(each job: need + {format_size(p.overhead)} overhead, "
-                     f"{p.overhead_source})")
+                     f"{p.overhead_source}"
+                     + (f"; + {format_size(SUPERVISOR_RSS)} for memfit run under --restart"
+                        if any(j.restart for j in p.jobs) and p.device == "cpu" else "")
+                     + ")")
         lines.append(f"  job output: {p.workdir / 'jobs'}/NAME/stdout.log, stderr.log; "
                      f"log: {self.log_path} (memfit report {p.workdir})")
         return "\n".join(lines)
