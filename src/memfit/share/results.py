@@ -143,7 +143,8 @@ class ShareResult:
         for j in self.jobs:
             states[j.state] = states.get(j.state, 0) + 1
         counts = ", ".join(f"{n} {s}" for s, n in states.items())
-        faster = f", {self.serial / self.makespan:.1f}× faster" if self.makespan > 0 else ""
+        faster = f", {self.serial / self.makespan:.1f}× faster" if self.makespan > 0 \
+            and not self.interrupted else ""
         lines = [f"memfit share: {len(self.jobs)} jobs on {p.device}, budget "
                  f"{format_size(p.budget)}: {counts}; makespan {self.makespan:.1f} s "
                  f"(one after another: {self.serial:.1f} s{faster})"]
