@@ -88,17 +88,26 @@ def test_max_batch_size_uses_the_high_end(tiny):
     assert tiny.at(best).total_high <= budget < tiny.at(best + 1).total_high
 
 
-def test_find_batch_size_says_lower_bound_when_no_trial_failed(monkeypatch):
+def _fake_children(monkeypatch, estimated: int, largest_fitting: int) -> list[int]:
+    """find_batch_size without child processes: the estimate says ``estimated``, and a
+    trial fits up to ``largest_fitting``. Returns the list the batch sizes tried go to."""
     monkeypatch.setattr(search_module, "ensure_calibration", lambda device: None)
     monkeypatch.setattr(search_module, "run_child", lambda request, timeout: ChildResult(
-        "ok", report={"max_batch_size": 16}))
-    tried = []
+        "ok", report={"max_batch_size": estimated}))
+    tried: list[int] = []
 
-    def everything_fits(model, b, **kwargs):
+    def trial(model, b, **kwargs):
         tried.append(b)
+        if b > largest_fitting:
+            return ChildResult("over-budget", peak=2**30)
         return ChildResult("ok", measured=b, peak=2**20 + b)
 
-    monkeypatch.setattr(search_module, "measure_training", everything_fits)
+    monkeypatch.setattr(search_module, "measure_training", trial)
+    return tried
+
+
+def test_find_batch_size_says_lower_bound_when_no_trial_failed(monkeypatch):
+    tried = _fake_children(monkeypatch, estimated=16, largest_fitting=10**9)
     r = find_batch_size(TINY, "1GiB", max_trials=3)
     assert tried == [16, 20, 25]
     assert r.batch_size == 25 and r.smallest_failing is None and r.lower_bound
@@ -110,18 +119,7 @@ def test_find_batch_size_doubles_from_1_when_the_estimate_has_no_answer(monkeypa
     """The estimate's high end fit no batch size: the search starts at 1 and doubles,
     instead of trying 1, 2, 3, 4, 5, 6 (a stranger's 6 trials ended at 'at least 6' where
     141 fit)."""
-    monkeypatch.setattr(search_module, "ensure_calibration", lambda device: None)
-    monkeypatch.setattr(search_module, "run_child", lambda request, timeout: ChildResult(
-        "ok", report={"max_batch_size": 0}))
-    tried = []
-
-    def up_to_100(model, b, **kwargs):
-        tried.append(b)
-        if b > 100:
-            return ChildResult("over-budget", peak=2**30)
-        return ChildResult("ok", measured=b, peak=2**20 + b)
-
-    monkeypatch.setattr(search_module, "measure_training", up_to_100)
+    tried = _fake_children(monkeypatch, estimated=0, largest_fitting=100)
     r = find_batch_size(TINY, "1GiB", max_trials=12)
     assert tried[:8] == [1, 2, 4, 8, 16, 32, 64, 128]
     assert r.batch_size == 100 and 100 < r.smallest_failing <= 128

@@ -124,3 +124,25 @@ def test_a_child_in_its_parents_memory_is_not_counted_twice(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def test_descendants_below_a_level_leave_out_the_children():
+    """A tether's child is memfit run: killing the training means everything below it."""
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(30)']); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 10
+        while len(probe.descendants(child.pid)) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        grandchildren = probe.descendants(child.pid)
+        assert len(grandchildren) == 1
+        everyone = probe.descendants(os.getpid())
+        assert child.pid in everyone and grandchildren[0] in everyone
+        below = probe.descendants(os.getpid(), below=1)
+        assert child.pid not in below and grandchildren[0] in below
+    finally:
+        for pid in probe.descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()

@@ -139,6 +139,20 @@ def test_placed_by_measured_need_and_a_liar_is_stopped_on_its_node(cluster, data
     assert record["state"] == "finished" and record["peak"] == result["a"].peak
 
 
+def test_with_restart_a_liar_is_restarted_on_its_node_and_finishes(cluster, data, tmp_path):
+    """--restart: a job that grows past its share is not stopped but restarted from its
+    checkpoint (memfit run on its node), its leak starts over, and it finishes."""
+    workdir, out = tmp_path / "share", tmp_path / "out"
+    liar = {**_job("liar", data, out, epochs=6, LEAK_MIB="4", STEP_SLEEP="0.05"),
+            "restart": True}
+    result = run_on_ray([liar], address=cluster.address, overhead="256MiB", device="cpu",
+                        workdir=workdir, interval=0.2, out=False)
+    job = result["liar"]
+    assert job.state == "finished", (job.state, job.reason)
+    assert job.restarts >= 1 and (out / "liar" / "final.npz").exists()
+    assert job.host_peak <= job.share
+
+
 def test_a_job_that_fits_no_node_is_refused_before_anything_starts(cluster, data,
                                                                      tmp_path):
     workdir = tmp_path / "share"

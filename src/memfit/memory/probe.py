@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import os
 import platform
 import threading
@@ -123,13 +124,20 @@ def shares_memory(a: int, b: int) -> bool:
         >>> shares_memory(os.getpid(), os.getpid())
         True
     """
-    if _KCMP is None:
+    libc = _libc()
+    if _KCMP is None or libc is None:
         return False
+    return libc.syscall(_KCMP, a, b, _KCMP_VM, 0, 0) == 0
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """This process's C library, loaded once (:func:`shares_memory` runs per descendant
+    per sample)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syscall(_KCMP, a, b, _KCMP_VM, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def _one(pid: int) -> Sample:
@@ -156,15 +164,30 @@ def system_memory() -> tuple[int, int]:
     return int(info.total), int(info.available)
 
 
-def descendants(pid: int) -> list[int]:
+def descendants(pid: int, *, below: int = 0) -> list[int]:
     """The pids of every process below ``pid`` (children, theirs...); ``[]`` if it is gone.
 
     The one place that walks a process tree: sampling a tree, its GPU memory, and
     killing a tree (:func:`memfit.memory.process.kill_tree`) all go through it.
+
+    Args:
+        pid: the root.
+        below: leave out the first ``below`` levels (1: not ``pid``'s own children, only
+            theirs and further down).
     """
     try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        level = psutil.Process(pid).children()
+        for _ in range(below):
+            level = [c for p in level for c in _children(p)]
+        return [c.pid for p in level for c in [p, *_children(p, recursive=True)]]
     except psutil.Error:
+        return []
+
+
+def _children(process: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+    try:
+        return process.children(recursive=recursive)
+    except psutil.Error:            # it ended while the tree was walked
         return []
 
 

@@ -139,11 +139,19 @@ def exit_code(returncode: int) -> int:
 
 
 def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL, *,
-              include_self: bool = True) -> None:
+              include_self: bool = True, below: int = 0) -> None:
     """Sends ``sig`` to every process below ``proc`` (data-loader workers too) and, with
     ``include_self``, to ``proc`` itself (without: a supervisor's training process dies,
-    the supervisor lives on to restart it)."""
-    for pid in descendants(proc.pid):
+    the supervisor lives on to restart it).
+
+    Args:
+        proc: the root.
+        sig: the signal.
+        include_self: also signal ``proc``.
+        below: spare the first ``below`` levels under ``proc`` too (1: a tether whose
+            child is ``memfit run``: only the training below that supervisor dies).
+    """
+    for pid in descendants(proc.pid, below=below):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
     if include_self:

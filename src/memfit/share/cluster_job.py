@@ -43,8 +43,6 @@ import subprocess
 import time
 from typing import Any
 
-import psutil
-
 from memfit.memory.log import Event, LogError, MemoryLog, read_log
 from memfit.memory.process import exit_code, kill_tree, start, ticks
 from memfit.memory.sampler import TreeSampler
@@ -75,16 +73,6 @@ def attempts(log_path: os.PathLike, name: str, since: float) -> int:
                    and r.get("job") == name and r["t"] >= since)
     except (LogError, OSError):
         return 0
-
-
-def _kill_training(tether: int) -> None:
-    """SIGKILL to every process below ``memfit run`` (the tether's child): its training
-    process dies, and ``memfit run`` lives on to restart it."""
-    with contextlib.suppress(psutil.Error):
-        for supervisor in psutil.Process(tether).children():
-            for p in supervisor.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
 
 
 def _where() -> tuple[str, str]:
@@ -165,7 +153,9 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             log.write(Event.KILL, pid=proc.pid, reason="over-share", value=value,
                       share=job.charge, **where)
             if job.restart:
-                _kill_training(proc.pid)                # memfit run restarts it
+                # the training below memfit run (the tether's child) dies; memfit
+                # run lives on and restarts it
+                kill_tree(proc, include_self=False, below=1)
                 continue
             kill_tree(proc)
             stopped = "over-share"
