@@ -189,7 +189,10 @@ def _cli(args, tmp_path):
                           text=True, timeout=300, cwd=tmp_path, env=env)
 
 
-def test_memfit_run_judges_the_seed_story_from_outside_quietly(tmp_path, packed):
+def test_memfit_run_judges_the_seed_story_from_outside_quietly(tmp_path, packed, monkeypatch):
+    # 12 s of training, not 6: over ~10 s, TensorFlow's warm-up in the training still
+    # read as growth from outside once in four CI runs (a known limit of the outside view).
+    monkeypatch.setenv("STORY_SECONDS", "12")
     proc = _cli(["run", "--workdir", "wd", "--interval", "0.1", "--", sys.executable,
                  str(SCRIPTS / "seed.py"), str(packed)], tmp_path)
     said = proc.stdout + proc.stderr

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import keras
 
 EPOCHS = int(os.environ.get("STORY_EPOCHS", "6"))
-MIN_SECONDS = 6.0
+MIN_SECONDS = float(os.environ.get("STORY_SECONDS", "6"))
 
 
 def epochs(at_least: int = EPOCHS) -> Iterator[int]:
