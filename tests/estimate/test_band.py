@@ -88,6 +88,17 @@ def test_max_batch_size_uses_the_high_end(tiny):
     assert tiny.at(best).total_high <= budget < tiny.at(best + 1).total_high
 
 
+def test_a_budget_below_the_framework_alone_gets_one_line_of_advice(tiny):
+    # Mixed precision, SGD or a smaller batch cannot help when `import tensorflow` alone
+    # is over the budget: the advice says that, and only that.
+    e = tiny.at(32, budget=tiny.baseline - 1)
+    assert e.verdict == "does not fit" and e.max_batch_size == 0
+    assert len(e.advice) == 1 and "framework alone" in e.advice[0]
+    assert "raise the budget" in e.advice[0]
+    e = tiny.at(32, budget=tiny.baseline + 1)          # the model part is what's short
+    assert not any("framework alone" in a for a in e.advice)
+
+
 def _fake_children(monkeypatch, estimated: int, largest_fitting: int) -> list[int]:
     """find_batch_size without child processes: the estimate says ``estimated``, and a
     trial fits up to ``largest_fitting``. Returns the list the batch sizes tried go to."""

@@ -482,6 +482,12 @@ class Estimator:
         """What to change when batch ``e.batch_size`` is not sure to fit ``budget``."""
         if e.total_high <= budget:
             return []
+        if e.baseline >= budget:
+            # Nothing about the model can help: say so, and nothing else.
+            return [f"the framework alone (import tensorflow, keras: "
+                    f"{format_size(e.baseline)} on this machine) needs more than the budget "
+                    f"({format_size(budget)}): no batch size, precision or optimizer fits "
+                    f"it; raise the budget"]
         out = []
         if best > 0:
             out.append(f"use batch size {best} or smaller (batch {e.batch_size} needs up to "
