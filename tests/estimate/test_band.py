@@ -97,6 +97,7 @@ def test_a_budget_below_the_framework_alone_gets_one_line_of_advice(tiny):
     assert "raise the budget" in e.advice[0]
     e = tiny.at(32, budget=tiny.baseline + 1)          # the model part is what's short
     assert not any("framework alone" in a for a in e.advice)
+    assert "not even batch size 1 fits" in e.advice[0]
 
 
 def _fake_children(monkeypatch, estimated: int, largest_fitting: int) -> list[int]:
