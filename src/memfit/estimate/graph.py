@@ -11,8 +11,10 @@ Each traced op becomes an :class:`~memfit.estimate.schedule.Op` with its outputs
 its kernel's buffers and its duration (:mod:`memfit.estimate.kernels`). Control flow is
 followed: the branches of ``If``, the body of ``While`` (whose accumulators — the
 per-time-step tensors kept for the backward pass, e.g. in an LSTM — are sized from the
-pushes in the body × the trip count), and called functions, each function's transient
-peak counted on the op that calls it. Variables and the input batch are not counted here
+pushes in the body × the trip count; the TensorLists it is given — a recurrent layer's
+input, unstacked — are kept by its outputs, see
+:meth:`~memfit.estimate.schedule.Executor.keep_lists`), and called functions, each
+function's transient peak counted on the op that calls it. Variables and the input batch are not counted here
 (they are separate components).
 
 On the CPU the graph played is the one TensorFlow's executor gets: the traced graph
@@ -43,6 +45,8 @@ from memfit.estimate.kernels import (
     LOOPS,
     PROBE_BATCH,
     cost,
+    list_buffer,
+    list_items,
     tensor_sizes,
     widening,
     workspace,
@@ -244,14 +248,41 @@ class _Collector:
             if self.cpu:
                 wf, wp = widening(op)
                 inner = (inner[0] + wf, inner[1] + wp)
+            extra, items = calls.extra, calls.items
+            lf, lp, n = list_buffer(op)
+            if n:
+                extra, items = (lf, lp), n
             ops.append(Op(index=index, name=op.name, type=op.type,
                           inputs=[t.name for t in op.inputs],
                           controls=[c.name for c in op.control_inputs],
                           outputs=[(t.name, *tensor_sizes(t)) for t in op.outputs],
-                          inner=inner, extra=calls.extra, extra_items=calls.items,
+                          inner=inner, extra=extra, extra_items=items,
                           cost=tuple(a + b for a, b in zip(cost(op), calls.work, strict=True)),
-                          workspace=workspace(op, self.threads) if self.cpu else (0, 0, 0)))
+                          workspace=workspace(op, self.threads) if self.cpu else (0, 0, 0),
+                          **self.lists(op, graph, depth)))
         return ops, count
+
+    def lists(self, op: Any, graph: Any, depth: int) -> dict[str, tuple[int, ...]]:
+        """A loop's inputs that are TensorLists of known tensors (``carried`` to its
+        outputs), and those whose elements its body pushes to an accumulator
+        (``referenced``; see :meth:`~memfit.estimate.schedule.Executor.keep_lists`)."""
+        if op.type not in LOOPS or depth >= _MAX_DEPTH:
+            return {}
+        carried = tuple(i for i, t in enumerate(op.inputs)
+                        if t.dtype.name == "variant" and list_items(t)[2])
+        body = _function_graph(graph, op.get_attr("body").name)
+        if not carried or body is None:
+            return {"carried": carried}
+        placeholders = {t.name: i for i, t in enumerate(body.inputs)}
+        referenced = set()
+        for push in body.get_operations():
+            item = push.inputs[-1] if push.type in _LIST_WRITES else None
+            if item is not None and item.op.type == "TensorListGetItem":
+                source = item.op.inputs[0]
+                while source.op.type == "Identity":
+                    source = source.op.inputs[0]
+                referenced.add(placeholders.get(source.name, -1))
+        return {"carried": carried, "referenced": tuple(i for i in carried if i in referenced)}
 
     def calls(self, op: Any, graph: Any, depth: int) -> _Calls:
         """The functions ``op`` calls (branches, loop bodies, called functions), collected

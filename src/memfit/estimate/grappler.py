@@ -25,8 +25,9 @@ from memfit.estimate.schedule import Op
 
 __all__ = ["optimized"]
 
-_SIZES, _INNER, _EXTRA, _COST, _WORKSPACE = (
-    "_memfit_sizes", "_memfit_inner", "_memfit_extra", "_memfit_cost", "_memfit_workspace")
+_SIZES, _INNER, _EXTRA, _COST, _WORKSPACE, _CARRIED, _REFERENCED = (
+    "_memfit_sizes", "_memfit_inner", "_memfit_extra", "_memfit_cost", "_memfit_workspace",
+    "_memfit_carried", "_memfit_referenced")
 _CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
@@ -102,6 +103,10 @@ def _annotate(node: Any, op: Op | None) -> None:
     node.attr[_EXTRA].list.i.extend((*op.extra, op.extra_items))
     node.attr[_COST].list.i.extend(op.cost)
     node.attr[_WORKSPACE].list.i.extend(op.workspace)
+    if op.carried:
+        node.attr[_CARRIED].list.i.extend(op.carried)
+    if op.referenced:
+        node.attr[_REFERENCED].list.i.extend(op.referenced)
 
 
 def _ints(node: Any, attr: str, default: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -118,6 +123,7 @@ def _run_op(index: int, node: Any, traced: Op | None, producer: dict[str, Op],
     extra = _ints(node, _EXTRA, (0, 0, 1))
     cost = _ints(node, _COST, (OP_COST, 0))
     workspace = _ints(node, _WORKSPACE, (0, 0, 0))
+    carried, referenced = _ints(node, _CARRIED, ()), _ints(node, _REFERENCED, ())
     if sizes is None and traced is not None:   # a node Grappler made in its place
         sizes = tuple(x for _, f, p in traced.outputs for x in (f, p))
         inner, cost, workspace = traced.inner, traced.cost, traced.workspace
@@ -131,7 +137,8 @@ def _run_op(index: int, node: Any, traced: Op | None, producer: dict[str, Op],
               controls=[i[1:] for i in node.input if i.startswith("^")],
               outputs=outputs, inner=(inner[0], inner[1]), extra=(extra[0], extra[1]),
               extra_items=extra[2], cost=(cost[0], cost[1]),
-              workspace=(workspace[0], workspace[1], workspace[2]))
+              workspace=(workspace[0], workspace[1], workspace[2]),
+              carried=tuple(carried or ()), referenced=tuple(referenced or ()))
 
 
 def _with_swallowed(traced: Op, inner: Any, cost: Any, producer: dict[str, Op],

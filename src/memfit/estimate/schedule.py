@@ -67,6 +67,8 @@ class Op:
     extra_items: int = 1                  # how many tensors make up ``extra``
     cost: tuple[int, int] = (0, 0)        # how long it runs, in multiply-adds (kernels.cost)
     workspace: tuple[int, int, int] = (0, 0, 0)   # kernel buffer: fixed, per sample, cap
+    carried: tuple[int, ...] = ()         # a loop's TensorList inputs, carried to its outputs
+    referenced: tuple[int, ...] = ()      # of those, lists its accumulators read from
 
 
 class Buffer(NamedTuple):
@@ -193,6 +195,8 @@ class Executor:
                 self.hold(t, taken or [self.allocate(fixed, per, op.name, allocated)])
         if op.extra != (0, 0):
             self.keep_accumulators(op, allocated)
+        if op.carried:
+            self.keep_lists(op)
         scratch = ([self.allocate(*op.inner, op.name, allocated)] if op.inner != (0, 0)
                    else [])
         if op.workspace != (0, 0, 0):
@@ -234,6 +238,20 @@ class Executor:
         for t, _, _ in op.outputs:
             self.holds.setdefault(t, []).append(b)
             self.users[b] += 1
+
+    def keep_lists(self, op: Op) -> None:
+        """A loop's TensorList inputs (a recurrent layer's unstacked input sequence, the
+        list its gradient loop fills): the loop carries each to the output of the same
+        index, which keeps it. A list whose elements the loop's accumulators keep (the
+        input of each time step, for the weights' gradient) is kept by every output,
+        as the accumulators are (:meth:`keep_accumulators`)."""
+        names = [t for t, _, _ in op.outputs]
+        for i in op.carried:
+            keepers = names if i in op.referenced else names[i:i + 1]
+            for b in self.holds.get(op.inputs[i], []) if i < len(op.inputs) else []:
+                for t in keepers:
+                    self.holds.setdefault(t, []).append(b)
+                    self.users[b] += 1
 
     # -- an op ends ------------------------------------------------------------------------
 
