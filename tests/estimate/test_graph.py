@@ -180,3 +180,22 @@ def test_a_recurrent_layers_input_lists_live_through_its_gradient_loop():
     else:
         raise AssertionError("no gradient loop was played")
     _assert_plays_in_dependency_order(step)
+
+
+def cross_attention() -> keras.Model:
+    q, kv = keras.Input((6, 8)), keras.Input((10, 8))
+    y = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(q, kv)
+    return keras.Model([q, kv], keras.layers.Dense(1)(keras.layers.Flatten()(y)))
+
+
+def test_attention_einsums_hold_their_transposed_operands():
+    # TensorFlow's CPU Einsum transposes BTNH and BSNH into batch-first copies before
+    # multiplying (BFC: 12 MiB for the keys of cross_attention at batch 512).
+    step = _step(cross_attention)
+    scores = [op for op in step.run_ops if op.type == "Einsum"
+              and not op.name.startswith("gradient_tape/")]
+    q, k, out = 6 * 2 * 4 * 4, 10 * 2 * 4 * 4, 6 * 2 * 4 * 4      # per sample
+    assert {op.workspace for op in scores} == {
+        (0, q + k, 0),            # BTNH,BSNH->BNTS: both operands copied
+        (0, k + out, 0),          # BNTS,BSNH->BTNH: the values, and BNTH out of a temporary
+    }

@@ -14,8 +14,8 @@ per-time-step tensors kept for the backward pass, e.g. in an LSTM — are sized 
 pushes in the body × the trip count; the TensorLists it is given — a recurrent layer's
 input, unstacked — are kept by its outputs, see
 :meth:`~memfit.estimate.schedule.Executor.keep_lists`), and called functions, each
-function's transient peak counted on the op that calls it. Variables and the input batch are not counted here
-(they are separate components).
+function's transient peak counted on the op that calls it. Variables and the input
+batch are not counted here (they are separate components).
 
 On the CPU the graph played is the one TensorFlow's executor gets: the traced graph
 rewritten by Grappler (:mod:`memfit.estimate.grappler`). :meth:`StepGraph.peak` plays it

@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["PROBE_BATCH", "BYTE_COST", "OP_COST", "VIEWS", "FORWARDING", "CONVOLUTIONS",
            "MATMULS", "PURE", "LOOPS", "tensor_bytes", "tensor_sizes", "workspace",
-           "widening", "cost", "list_buffer", "list_items"]
+           "widening", "cost", "list_buffer", "list_items", "einsum_copies"]
 
 PROBE_BATCH = 997          # a prime that no layer dimension is likely to be a multiple of
 # An op's duration (see cost): a byte moved costs as much as this many multiply-adds,
@@ -175,7 +175,11 @@ def workspace(op: Any, threads: int) -> tuple[int, int, int]:
       the images of the batch are written, so a small batch touches fewer pages. The
       input gradient uses one image's buffer when each of the ``threads`` executor
       threads' share of the work is above a 256 KiB "L2 cache";
-    * MaxPoolGrad recomputes the argmax (int64) and copies the pooled output.
+    * MaxPoolGrad recomputes the argmax (int64) and copies the pooled output;
+    * an Einsum (attention's scores and their gradients) multiplies as a batched
+      MatMul: each operand whose labels are not in its order is first transposed into a
+      copy, and a result whose labels are not in the output's order is transposed out of
+      a temporary (:func:`einsum_copies`).
 
     The forward convolution (Eigen) and the depthwise kernels pack in cache-sized
     blocks: nothing batch-sized."""
@@ -184,6 +188,8 @@ def workspace(op: Any, threads: int) -> tuple[int, int, int]:
             f, p = tensor_sizes(op.inputs[1])
             widen = 1 + 8 // (op.inputs[1].dtype.size or 8)
             return f * widen, p * widen, 0
+        if op.type == "Einsum":
+            return (*einsum_copies(op), 0)
         if op.type not in _CONV_GRADS:
             return 0, 0, 0
         out = op.inputs[2].shape.as_list()
@@ -202,6 +208,57 @@ def workspace(op: Any, threads: int) -> tuple[int, int, int]:
         return column, 0, 0                           # a parallel contraction per image
     shard = -(-_L3_BYTES // work)
     return 0, column, shard * column
+
+
+def einsum_copies(op: Any) -> tuple[int, int]:
+    """The copies TensorFlow's CPU Einsum kernel (linalg/einsum_op_impl.h) makes of a
+    two-operand equation, as ``(fixed, per-sample)`` bytes: it labels each letter batch
+    (in both operands and the output), free (in one operand and the output) or contract
+    (in both operands only), transposes each operand into batch, free, contract order
+    (or batch, contract, free: a transposed MatMul) unless it is in that order already,
+    multiplies into a temporary in batch, free-of-the-first, free-of-the-second order and
+    transposes that into the output unless it is in that order already. Each copy is
+    alive until the kernel returns. Multi-head attention's ``BTNH,BSNH->BNTS`` copies
+    both operands (the 4 heads of 96 keys at batch 512: 12 MiB).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> f = tf.function(lambda q, k: tf.einsum("BTNH,BSNH->BNTS", q, k))
+        >>> g = f.get_concrete_function(tf.TensorSpec((2, 3, 4, 5)),
+        ...                             tf.TensorSpec((2, 6, 4, 5))).graph
+        >>> einsum_copies([o for o in g.get_operations() if o.type == "Einsum"][0])
+        (1440, 0)
+
+    (both operands copied: 2·3·4·5 + 2·6·4·5 floats.)
+    """
+    equation = op.get_attr("equation").decode()
+    operands, _, result = equation.replace(" ", "").partition("->")
+    terms = operands.split(",")
+    if (len(terms) != 2 or "." in equation or any(len(set(t)) != len(t) for t in terms)
+            or any(c not in result for c in set(terms[0]) ^ set(terms[1]))):
+        return 0, 0                  # broadcasting, a diagonal, a sum: not followed
+    ids = {c: i for i, c in enumerate(dict.fromkeys(terms[0] + terms[1] + result))}
+    batch, free, contract = 1, 2, 3
+
+    def kind(c: str) -> int:
+        both = c in terms[0] and c in terms[1]
+        return (batch if c in result else contract) if both else free
+
+    fixed = per = 0
+    frees = []
+    for tensor, term in zip(op.inputs, terms, strict=True):
+        order = sorted(term, key=lambda c: (kind(c), ids[c]))
+        swapped = sorted(term, key=lambda c: ({free: contract, contract: free}.get(
+            kind(c), kind(c)), ids[c]))
+        frees += [c for c in order if kind(c) == free]
+        if list(term) not in (order, swapped):
+            f, p = tensor_sizes(tensor)
+            fixed, per = fixed + f, per + p
+    product = sorted((c for c in result if kind(c) == batch), key=ids.get) + frees
+    if product != list(result):
+        f, p = tensor_sizes(op.outputs[0])
+        fixed, per = fixed + f, per + p
+    return fixed, per
 
 
 def cost(op: Any) -> tuple[int, int]:
