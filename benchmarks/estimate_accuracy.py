@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -34,6 +33,9 @@ from pathlib import Path
 import keras
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+import estimate_fit as fitting  # noqa: E402
+
 SOURCE = str(HERE)
 
 # -- the panel: factories the child imports as benchmarks/estimate_accuracy.py:NAME ----------
@@ -202,69 +204,9 @@ def table(cases: list, measured: dict, predicted: dict) -> tuple[str, float, flo
     return "\n".join(rows), mre, under
 
 
-def _solve(rows: list[tuple[dict, int]]) -> dict:
-    """Least squares on relative error of ``model_bytes`` over ``rows`` (no margin)."""
-    import numpy as np
-
-    from memfit.estimate.estimator import FIT_TERMS
-
-    a = np.array([[f[t] / y for t in FIT_TERMS] for f, y in rows])
-    b = np.array([(y - f["exact"]) / y for f, y in rows])
-    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    return {**dict(zip(FIT_TERMS, (float(c) for c in coef), strict=True)), "margin": 0.0}
-
-
-def _errors(rows: list[tuple[dict, int]], constants: dict) -> list[float]:
-    from memfit.estimate.estimator import predict_from_features
-
-    return [(predict_from_features(f, constants) - y) / y for f, y in rows]
-
-
-def _margin(errors: list[float]) -> float:
-    """The smallest share to add so that at most 5 % of ``errors`` stay below zero."""
-    errs = sorted(errors)
-    k = int(0.05 * len(errs))                 # at most 5 % of cases stay below
-    margin = max(0.0, 1 / (1 + errs[k]) - 1) if errs else 0.0
-    return math.ceil(margin * 1e4) / 1e4      # as printed, still covers case k
-
-
-def _with_margin(rows: list[tuple[dict, int]]) -> dict:
-    """The constants for ``rows``: least squares on relative error, then a pattern search
-    (each coefficient scaled up and down by a step that halves when nothing improves)
-    for the constants whose mean relative error is smallest once the margin keeps the
-    under-estimates at 5 % -- the issue's target, rather than the squared error."""
-    def score(c: dict) -> tuple[float, dict]:
-        bare = {**c, "margin": 0.0}
-        c = {**c, "margin": _margin(_errors(rows, bare))}
-        errs = _errors(rows, c)
-        return sum(abs(e) for e in errs) / max(len(errs), 1), c
-
-    # A buffer costs at least its size: heap and mmap scales stay at 1 or more (below, the
-    # estimate's floor -- the live peak itself -- would take over and hide the constant).
-    start = _solve(rows)
-    best, constants = score({t: max(v, 1.0) if t in ("heap", "mmap") else v
-                             for t, v in start.items()})
-    step = 0.05
-    while step > 1e-4:
-        improved = False
-        for term in constants:
-            if term == "margin":
-                continue
-            for factor in (1 + step, 1 - step):
-                value = constants[term] * factor
-                if term in ("heap", "mmap") and value < 1.0:
-                    continue
-                value, c = score({**constants, term: value})
-                if value < best - 1e-12:
-                    best, constants, improved = value, c, True
-        if not improved:
-            step /= 2
-    return constants
-
-
 def fit(cases: list, measured: dict, features: dict) -> str:
     """Refits the constants with the smallest margin that keeps under-estimates at 5 %
-    (see :func:`_with_margin`); reports the in-sample and leave-one-model-out errors."""
+    (see :func:`estimate_fit.fit`); reports the in-sample and leave-one-model-out errors."""
     rows = {}
     for name, batch, policy, _ in cases:
         key = f"{name}|{batch}|{policy}"
@@ -272,16 +214,15 @@ def fit(cases: list, measured: dict, features: dict) -> str:
             rows.setdefault(name, []).append((features[key], measured[key]["measured"]))
     every = [r for rs in rows.values() for r in rs]
 
-    constants = _with_margin(every)
+    constants = fitting.fit(every)
     bare = {**constants, "margin": 0.0}
-    errs, errs_bare = _errors(every, constants), _errors(every, bare)
+    errs, errs_bare = fitting.errors(every, constants), fitting.errors(every, bare)
     lomo, lomo_bare = [], []
     for name in rows:
-        c = _with_margin([r for n, rs in rows.items() if n != name for r in rs])
-        lomo += _errors(rows[name], c)
-        lomo_bare += _errors(rows[name], {**c, "margin": 0.0})
-    mean = lambda xs: sum(abs(x) for x in xs) / max(len(xs), 1)   # noqa: E731
-    under = lambda xs: sum(x < 0 for x in xs) / max(len(xs), 1)   # noqa: E731
+        c = fitting.fit([r for n, rs in rows.items() if n != name for r in rs])
+        lomo += fitting.errors(rows[name], c)
+        lomo_bare += fitting.errors(rows[name], {**c, "margin": 0.0})
+    mean, under = fitting.mean_abs, fitting.under_share
     return (f"fitted: {json.dumps({k: round(v, 6) for k, v in constants.items()})}\n"
             f"in-sample: mean relative error {mean(errs) * 100:.1f} %, under-estimates "
             f"{under(errs) * 100:.0f} % (without the margin: {mean(errs_bare) * 100:.1f} %,"
