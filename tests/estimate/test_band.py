@@ -29,8 +29,12 @@ def test_every_policy_has_a_band_around_the_point_prediction(tiny):
     e = tiny.at(32)
     assert e.total_low < e.total < e.total_high
     assert e.model_bytes_low < e.model_bytes < e.model_bytes_high
+    # The band widens the predicted part only: weights, slots and the input are counted.
+    predicted = e.model_bytes - tiny.exact(32)
+    assert tiny.exact(32) == e.weights + e.optimizer_slots + e.input_batch
     assert (e.total_high - e.total_low) >= (BANDS["fixed"]["high"] - BANDS["fixed"]["low"]
-                                            ) * e.model_bytes * 0.99
+                                            ) * predicted * 0.99
+    assert e.model_bytes_high - e.model_bytes < (BANDS["fixed"]["high"] - 1) * e.model_bytes
     out = e.to_json()
     assert out["total_low"] == e.total_low and out["total_high"] == e.total_high
     assert out["verdict"] is None and "range" in str(e)

@@ -2,10 +2,12 @@
 
 The estimator's point prediction (``model_bytes``) was fitted on one panel of models;
 on architectures it never saw it errs both ways (docs/estimate.md, "Out of family"). So
-an estimate carries a **range** per allocator policy: ``low`` and ``high`` are the point
-prediction times the extremes of ``measured / predicted`` on the family panel
-(``benchmarks/estimate_families.py``), and the high end is taken from a prediction that
-never falls as the batch grows (:meth:`memfit.estimate.estimator.Estimator.high`).
+an estimate carries a **range** per allocator policy: ``low`` and ``high`` scale the part
+of the point prediction that is predicted -- not the weights, optimizer slots and input
+batch, which are counted exactly (:func:`banded`) -- by the extremes of ``measured /
+predicted`` of that part on the family panel (``benchmarks/estimate_families.py``), and
+the high end is taken from a prediction that never falls as the batch grows
+(:meth:`memfit.estimate.estimator.Estimator.high`).
 
 A budget then gets one of three answers (:func:`verdict`):
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["BANDS", "FITS", "DOES_NOT_FIT", "UNCERTAIN", "verdict", "scaled"]
+__all__ = ["BANDS", "FITS", "DOES_NOT_FIT", "UNCERTAIN", "verdict", "banded"]
 
 FITS = "fits"
 DOES_NOT_FIT = "does not fit"
@@ -50,19 +52,25 @@ BANDS: dict[str, dict[str, float]] = {
 }
 
 
-def scaled(value: int, factor: float) -> int:
-    """``value × factor``, rounded away from the point prediction (a low end down, a
+def banded(predicted: int, exact: int, factor: float) -> int:
+    """``predicted`` with ``factor`` applied to its part that is not ``exact`` (weights,
+    optimizer slots, the input batch and the pipeline budget are counted, not predicted:
+    the band does not widen them), rounded away from the prediction (a low end down, a
     high end up), so the range never narrows by rounding.
 
     Example:
-        >>> scaled(100, 1.005), scaled(100, 0.995)
+        >>> banded(100, 40, 1.5), banded(100, 40, 0.5)
+        (130, 70)
+        >>> banded(100, 0, 1.005), banded(100, 0, 0.995)
         (101, 99)
 
     Args:
-        value: bytes.
+        predicted: bytes, the point prediction (or the one held non-decreasing).
+        exact: the bytes of it that are counted exactly.
         factor: the band's ``low`` or ``high``.
     """
-    return math.ceil(value * factor) if factor >= 1 else math.floor(value * factor)
+    value = exact + factor * (predicted - exact)
+    return math.ceil(value) if factor >= 1 else math.floor(value)
 
 
 def verdict(*, low: int, high: int, budget: int) -> str:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from memfit.estimate.band import BANDS, DOES_NOT_FIT, FITS, UNCERTAIN, scaled, verdict
+from memfit.estimate.band import BANDS, DOES_NOT_FIT, FITS, UNCERTAIN, banded, verdict
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import LayerRow, layer_rows, param_bytes, param_count
@@ -372,9 +372,13 @@ class Estimator:
                 size, every buffer sized at ``batch_size`` (``None``: ``batch_size``).
         """
         peak = self._peak(batch_size, played_at)
-        return {"exact": self.weights + self.slots + self.per_sample_input * batch_size
-                + self.pipeline, "peak": peak.bytes, "heap": peak.heap_bytes,
+        return {"exact": self.exact(batch_size), "peak": peak.bytes, "heap": peak.heap_bytes,
                 "mmap": peak.mmap_bytes, "one": 1, "ops": self.step.graph_ops}
+
+    def exact(self, batch_size: int) -> int:
+        """The bytes counted exactly at ``batch_size``: weights, optimizer slots, the
+        input batch and the pipeline budget (the band does not widen them)."""
+        return self.weights + self.slots + self.per_sample_input * batch_size + self.pipeline
 
     def _parts(self, batch_size: int) -> dict:
         peak = self._peak(batch_size)
@@ -424,14 +428,18 @@ class Estimator:
         return best
 
     def low(self, batch_size: int) -> int:
-        """The low end of ``total`` at ``batch_size``: the point prediction times the
-        policy's band ``low`` (:data:`memfit.estimate.band.BANDS`), + the baseline."""
-        return scaled(self.total(batch_size) - self.baseline, self.band["low"]) + self.baseline
+        """The low end of ``total`` at ``batch_size``: the point prediction, its part that
+        is not :meth:`exact` times the policy's band ``low``
+        (:data:`memfit.estimate.band.BANDS`), + the baseline."""
+        return banded(self.total(batch_size) - self.baseline, self.exact(batch_size),
+                      self.band["low"]) + self.baseline
 
     def high(self, batch_size: int) -> int:
-        """The high end of ``total`` at ``batch_size``: :meth:`held_model_bytes` times the
-        band's ``high``, + the baseline; never falls as the batch grows."""
-        return scaled(self.held_model_bytes(batch_size), self.band["high"]) + self.baseline
+        """The high end of ``total`` at ``batch_size``: :meth:`held_model_bytes`, its part
+        that is not :meth:`exact` times the band's ``high``, + the baseline; never falls
+        as the batch grows (both parts grow with it)."""
+        return banded(self.held_model_bytes(batch_size), self.exact(batch_size),
+                      self.band["high"]) + self.baseline
 
     def max_batch_size(self, budget: int | str) -> int:
         """The largest batch size whose high end (:meth:`high`) fits ``budget`` (0 when
