@@ -215,3 +215,34 @@ def test_a_state_pushed_to_two_lists_is_one_buffer_per_time_step():
     (forward,) = [op for op in step.run_ops if op.type in ("While", "StatelessWhile")
                   and not op.name.startswith("gradient_tape/")]
     assert forward.extra == (0, 12 * 8 * 4)       # per sample: 12 steps x 8 floats
+
+
+def bag_of_words() -> keras.Model:
+    return keras.Sequential([keras.Input((30,), dtype="int32"),
+                             keras.layers.Embedding(6000, 16),
+                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+
+def test_adams_two_segment_sums_of_a_sparse_gradient_overlap():
+    # Adam sums an embedding's sparse gradient into a dense table twice (for m, and for
+    # v from its square). UnsortedSegmentSum zero-fills the table, then reads and writes
+    # a table row per gradient row: it outlasts the Square beside it, so the second sum
+    # starts while the first runs and both tables are alive (TensorFlow's BFC allocator
+    # at bag_of_words' peak at batch 256: 2 x 29.3 MiB; the play held one).
+    keras.backend.clear_session()
+    step = graph.trace(prepare(bag_of_words()), threads=2)
+    sums = {op.name for op in step.run_ops if op.type == "UnsortedSegmentSum"}
+    assert len(sums) == 2
+    data, table = 30 * 16 * 4, 6000 * 16 * 4           # per sample; fixed
+    assert all(op.cost[0] >= kernels.BYTE_COST * 2 * table
+               and op.cost[1] >= kernels.BYTE_COST * 3 * data
+               for op in step.run_ops if op.name in sums)
+    live: dict[int, str] = {}
+    both = False
+    for _op, allocated, freed in step.schedule(8192):   # kernels' own time dominates
+        live.update((b.id, b.owner) for b in allocated)
+        both = both or sums <= set(live.values())
+        for b in freed:
+            live.pop(b)
+    assert both
+    _assert_plays_in_dependency_order(step)

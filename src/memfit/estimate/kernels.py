@@ -78,6 +78,9 @@ LOOPS = {"While", "StatelessWhile"}
 _CONV_GRADS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
 _L3_BYTES = 30 * 2**20
 _L2_BYTES = 256 * 2**10
+# Scatter reductions: an output row is read and written for each data row (see cost).
+_SCATTERS = {"UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
+             "UnsortedSegmentProd"}
 _NO_MEMORY_DTYPES = {"resource", "variant", "string"}
 
 
@@ -265,7 +268,11 @@ def cost(op: Any) -> tuple[int, int]:
     """How long ``op`` runs, as (fixed, per-sample) multiply-adds: a convolution's or a
     MatMul's arithmetic, plus :data:`BYTE_COST` per byte it reads and writes, plus
     :data:`OP_COST`. Only the ratios between ops matter (they decide what runs together
-    on the executor's threads)."""
+    on the executor's threads). A scatter reduction (``UnsortedSegmentSum``: Adam's sum
+    of an embedding's sparse gradient into a dense table) also zero-fills its output and
+    reads and writes an output row per data row: it outlasts the element-wise ``Square``
+    beside it, so Adam's second sum starts while the first runs (both 29.3 MiB tables
+    are alive at bag_of_words' peak at batch 256 in TensorFlow's BFC allocator)."""
     fixed, per = OP_COST, 0
     for t in list(op.inputs) + list(op.outputs):
         f, p = tensor_sizes(t)
@@ -279,6 +286,11 @@ def cost(op: Any) -> tuple[int, int]:
             f, p = 0, 0
     except (ValueError, IndexError, TypeError):     # a shape we cannot read: bytes only
         f, p = 0, 0
+    if op.type in _SCATTERS and op.inputs and op.outputs:
+        # it fills its output first, then reads and writes an output row per data row
+        out, data = tensor_sizes(op.outputs[0]), tensor_sizes(op.inputs[0])
+        f += BYTE_COST * (out[0] + 2 * data[0])
+        p += BYTE_COST * (out[1] + 2 * data[1])
     return fixed + f, per + p
 
 
