@@ -8,7 +8,7 @@ Each case (model × batch × dtype policy × allocator policy) is cached in a JS
 (``--cache``) as soon as it is measured, so the long run resumes where it stopped, and
 reruns can be compared case by case.
 
-    .venv/bin/python benchmarks/estimate_families.py --quick                 # float32, 1 batch
+    .venv/bin/python benchmarks/estimate_families.py --quick --dtypes float32  # 1 batch
     .venv/bin/python benchmarks/estimate_families.py --policy fixed          # the full panel
     .venv/bin/python benchmarks/estimate_families.py --families recurrent,wide_mlp
     .venv/bin/python benchmarks/estimate_families.py --report-only           # cached cases only
@@ -38,6 +38,10 @@ HERE = Path(__file__).resolve()
 MODELS = HERE.with_name("estimate_family_models.py")
 DEFAULT_CACHE = HERE.with_name("estimate_families.json")
 DTYPES = ("float32", "mixed_float16")
+#: A policy name ending so (``fixed/onednn-off``) measures children with
+#: ``TF_ENABLE_ONEDNN_OPTS=0``: TensorFlow's own CPU kernels and allocator, without
+#: oneDNN's (the estimate is the same; docs/estimate.md, "oneDNN").
+ONEDNN_OFF = "/onednn-off"
 
 sys.path.insert(0, str(HERE.parent))
 import estimate_fit as fitting  # noqa: E402
@@ -89,8 +93,13 @@ def measure(cases: list[dict], cache: dict, path: Path, steps: int) -> None:
     todo = [c for c in cases if c["key"] not in cache["measured"]]
     for i, c in enumerate(todo, 1):
         t = time.time()
+        # "fixed/onednn-off": the same allocator policy, children without oneDNN.
+        os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
+        if c["allocator"].endswith(ONEDNN_OFF):
+            os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
         r = measure_training(f"{MODELS}:{c['model']}", c["batch"], dtype_policy=c["dtype"],
-                             input_shape=c["shape"], steps=steps, allocator=c["allocator"])
+                             input_shape=c["shape"], steps=steps,
+                             allocator=c["allocator"].removesuffix(ONEDNN_OFF))
         cache["measured"][c["key"]] = {
             "status": r.status, "measured": r.measured, "family": c["family"],
             "steps": steps, "message": r.message[-500:], "seconds": round(r.seconds, 1),
@@ -117,7 +126,7 @@ def predict(cases: list[dict], cache: dict, path: Path) -> None:
         t = time.time()
         try:
             est = Estimator(f"{MODELS}:{name}", dtype_policy=dtype, input_shape=shape,
-                            allocator=allocator)
+                            allocator=allocator.removesuffix(ONEDNN_OFF))
         except Exception as e:     # noqa: BLE001 -- a model the estimator fails on is a result
             for c in group:
                 cache["predicted"][c["key"]] = {"error": f"{type(e).__name__}: {e}"[:500]}
@@ -165,8 +174,9 @@ def band(rows: list[dict], constants: dict | None = None) -> tuple[float, float]
     """
     if not rows:
         return 1.0, 1.0
-    return (min(scale_of(r, point(r, constants)) for r in rows),
-            max(scale_of(r, held(r, constants)) for r in rows))
+    # The range always holds the point prediction: low <= 1 <= high.
+    return (min(1.0, *(scale_of(r, point(r, constants)) for r in rows)),
+            max(1.0, *(scale_of(r, held(r, constants)) for r in rows)))
 
 
 def scale_of(r: dict, predicted: int) -> float:
@@ -315,9 +325,10 @@ def main() -> None:
                    help=f"the JSON of every case (default: {DEFAULT_CACHE.name})")
     p.add_argument("--families", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--policy", default="fixed,default",
-                   help="allocator policies, comma-separated (default: fixed,default)")
+                   help="allocator policies, comma-separated (default: fixed,default); "
+                        f"a policy ending in {ONEDNN_OFF} measures without oneDNN")
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--quick", action="store_true", help="one batch size, float32 only")
+    p.add_argument("--quick", action="store_true", help="one batch size (the middle one)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--measure-only", action="store_true", help="measure, do not predict")
     p.add_argument("--report-only", action="store_true",
@@ -330,7 +341,7 @@ def main() -> None:
     unknown = set(families) - set(FAMILIES)
     if unknown:
         sys.exit(f"unknown families: {', '.join(sorted(unknown))}")
-    dtypes = ["float32"] if args.quick else args.dtypes.split(",")
+    dtypes = args.dtypes.split(",")
     allocators = args.policy.split(",")
     cases = select(families, dtypes, allocators, args.quick)
     cache = load(args.cache)

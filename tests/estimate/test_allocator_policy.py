@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from memfit.estimate import EstimateError, Estimator, measure_training
+from memfit.estimate.band import BANDS
 from memfit.estimate.estimator import FIT_TERMS, FITTED, predict_from_features
 from memfit.estimate.measure import _child_env
+from memfit.estimate.training import PRECISIONS, precision_of
 from memfit.memory.allocator import (
     ALLOCATOR_POLICIES,
     FIXED_MMAP_THRESHOLD,
@@ -49,8 +51,10 @@ def test_fix_mmap_threshold_rejects_bad_thresholds(bad):
 
 def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
     assert set(FITTED) == set(ALLOCATOR_POLICIES)
-    for constants in FITTED.values():
-        assert set(constants) == {*FIT_TERMS, "margin"}
+    for per_precision in FITTED.values():
+        assert set(per_precision) == set(PRECISIONS)
+        for constants in per_precision.values():
+            assert set(constants) == {*FIT_TERMS, "margin"}
     fixed = Estimator(TINY, allocator="fixed").at(8)
     default = Estimator(TINY).at(8)                   # a plain process: the default
     assert (fixed.allocator_policy, default.allocator_policy) == ("fixed", "default")
@@ -64,8 +68,18 @@ def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
 def test_prediction_from_features_matches_the_estimate():
     est = Estimator(TINY, allocator="fixed")
     for b in (1, 64, 4096):
-        assert abs(predict_from_features(est.features(b), FITTED["fixed"])
+        assert abs(predict_from_features(est.features(b), FITTED["fixed"]["float32"])
                    - est.at(b).model_bytes) <= 4          # int rounding of the parts
+
+
+def test_a_16_bit_step_gets_the_constants_and_range_fitted_on_16_bit_steps():
+    est = Estimator(TINY, allocator="fixed", dtype_policy="mixed_float16")
+    assert est.precision == "16-bit" and precision_of("mixed_bfloat16") == "16-bit"
+    assert est.constants == FITTED["fixed"]["16-bit"]
+    assert est.band == BANDS["fixed"]["16-bit"]
+    assert abs(predict_from_features(est.features(64), FITTED["fixed"]["16-bit"])
+               - est.at(64).model_bytes) <= 4
+    assert Estimator(TINY, allocator="fixed").precision == "float32"
 
 
 def test_the_measuring_child_runs_under_the_policy_asked_for():

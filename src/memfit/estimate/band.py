@@ -21,7 +21,7 @@ Example:
     ('fits', 'uncertain')
     >>> verdict(low=80, high=130, budget=70)
     'does not fit'
-    >>> BANDS["fixed"]["low"] < 1 < BANDS["fixed"]["high"]
+    >>> BANDS["fixed"]["float32"]["low"] < 1 <= BANDS["fixed"]["float32"]["high"]
     True
 """
 
@@ -35,20 +35,18 @@ FITS = "fits"
 DOES_NOT_FIT = "does not fit"
 UNCERTAIN = "uncertain"
 
-#: Per allocator policy: the range of ``measured / predicted model_bytes`` the estimate
-#: carries, ``low`` and ``high`` times the point prediction (the high end times the
-#: prediction held non-decreasing in the batch size). Chosen as the smallest and largest
-#: ratio over every case of the family panel (``benchmarks/estimate_families.py``, the
-#: line "Band on every family"); how such a band does on a family it was not chosen on
-#: is the leave-one-family-out table of the same run (docs/estimate.md).
-BANDS: dict[str, dict[str, float]] = {
-    # 102 cases, float32, 3 batch sizes (0.6092 - 1.3508, rounded outward): the high end
-    # is set by the bidirectional GRU (measured 1.35 x the prediction at b256).
-    "fixed": {"low": 0.60, "high": 1.36},
-    # 102 cases, float32, measured once each (this policy repeats to ~5 % only): 0.4247 -
-    # 1.3081, rounded outward. The point prediction carries a 22 % margin, so most cases
-    # sit low in the band; the high end is set by the bidirectional GRU again.
-    "default": {"low": 0.42, "high": 1.31},
+#: Per allocator policy and compute precision (:data:`~memfit.estimate.training.PRECISIONS`):
+#: the range of ``measured / predicted`` the estimate carries on its predicted part (not
+#: the weights, slots and input batch: :func:`banded`), ``low`` on the point prediction and
+#: ``high`` on the prediction held non-decreasing in the batch size. Chosen as the smallest
+#: and largest such ratio over every case of the family panel, with the point inside
+#: (``benchmarks/estimate_families.py``, the line "Chosen on every family"); how a band
+#: chosen so does on a family it was not chosen on is the k-fold-by-family table of the
+#: same run (docs/estimate.md, "Out of family").
+BANDS: dict[str, dict[str, dict[str, float]]] = {
+    "fixed": {"float32": {"low": 0.60, "high": 1.36}, "16-bit": {"low": 0.60, "high": 1.36}},
+    "default": {"float32": {"low": 0.42, "high": 1.31},
+                "16-bit": {"low": 0.42, "high": 1.31}},
 }
 
 

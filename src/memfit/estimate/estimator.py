@@ -12,30 +12,22 @@ The estimate is the sum of parts a user can act on:
   (backward-pass tensors: weight gradients and their temporaries);
 * **input batch**: one batch of inputs and targets; **pipeline**: a ``tf.data`` budget
   when given (``dataset_budget``: the budget of a ``memfit.dataset``);
-* **allocator retention**: glibc serves buffers below its mmap threshold from per-thread
-  heap arenas and keeps them when they are freed, so the resident memory of those
-  buffers is about ``heap`` × their peak, while larger buffers are mapped and returned
-  (``mmap`` × their peak). The estimate predicts a process under one **allocator
-  policy** (:mod:`memfit.memory.allocator`): ``"default"`` (glibc as it comes, what a
-  training process runs under: the threshold rises at run time, up to 32 MiB) or
-  ``"fixed"`` (threshold fixed at 128 KiB: less memory, kept far more predictably, for
-  a process that applies it). Fitted per policy on the
-  panel of ``benchmarks/estimate_accuracy.py`` (:data:`FITTED`);
+* **allocator retention**: what glibc's heap arenas and oneDNN's pool keep beyond the
+  live tensors, under one **allocator policy** (:mod:`memfit.memory.allocator`):
+  ``"default"`` (glibc as it comes: a plain training process) or ``"fixed"`` (glibc's mmap
+  threshold fixed at 128 KiB: less memory, kept more predictably);
 * **runtime**: what TensorFlow and Keras allocate for a model beyond its tensors — the
-  traced graph, the instantiated function and its kernels — per op of the step, fitted
-  on the same panel;
-* **safety margin**: a fitted share of the rest, so that at most 5 % of the panel's
-  cases are under-estimated;
+  traced graph, the instantiated function and its kernels — per op of the step;
+* **safety margin**: a share of the rest, so that at most 5 % of the fitting cases are
+  under-estimated; the last three are fitted per policy and precision (:data:`FITTED`);
 * **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
 
-``model_bytes`` (everything but the baseline) predicts what
-:func:`memfit.estimate.measure.measure_training` measures; ``total`` adds the baseline.
-Out of the panel the constants were fitted on, the prediction errs both ways, so the
-estimate carries a **range** (:mod:`memfit.estimate.band`): ``total_low`` …
-``total_high``. A budget "fits" only when ``total_high`` does, "does not fit" when not
-even ``total_low`` does, and is "uncertain" in between (:attr:`Estimate.verdict`);
-``max_batch_size`` is the largest batch whose ``total_high`` fits, from a high end that
-never falls as the batch grows (:meth:`Estimator.high`).
+``model_bytes`` (all but the baseline) predicts what ``measure_training`` measures;
+``total`` adds the baseline. On models it was not fitted on it errs both ways, so the
+estimate carries a **range** (:mod:`memfit.estimate.band`), ``total_low`` … ``total_high``:
+a budget "fits" only when ``total_high`` does, "does not fit" when not even ``total_low``
+does, else "uncertain" (:attr:`Estimate.verdict`); ``max_batch_size`` is the largest batch
+whose ``total_high`` fits, which never falls as the batch grows (:meth:`Estimator.high`).
 
 Example:
     >>> import keras
@@ -64,7 +56,7 @@ from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import LayerRow, layer_rows, param_bytes, param_count
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
-from memfit.estimate.training import Setup, batch_bytes, prepare
+from memfit.estimate.training import Setup, batch_bytes, precision_of, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.sizes import format_size, parse_size
@@ -76,21 +68,28 @@ __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
 #: input batch, pipeline): ``heap`` × the peak of heap-served step buffers (glibc's
 #: arenas keep them, one arena per thread) and ``mmap`` × the peak of mapped ones,
 #: ``one`` bytes (executor, thread pools, Keras trainer state) and ``ops`` bytes per op
-#: of the traced step (graph, function, kernels). The same terms for every policy; the
-#: policy decides which buffers are heap-served.
+#: of the traced step (graph, function, kernels); the policy decides which are heap-served.
 FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
-#: Per allocator policy: the coefficients of :data:`FIT_TERMS` and ``margin`` (a
-#: share added to the whole, so that at most 5 % of the panel is under-estimated), fitted
-#: on the 60 cases of ``benchmarks/estimate_accuracy.py`` (``--fit``: least squares on
-#: relative error, then the constants with the smallest mean relative error once the
-#: margin holds under-estimates at 5 %); see docs/estimate.md.
-FITTED: dict[str, dict[str, float]] = {
-    # memfit's policy: 60 cases measured with 4 steps (0.3 % run to run).
-    "fixed": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
-              "margin": 0.029},
-    # glibc as it comes: 60 cases measured with 3 steps (noisy: 5 % run to run).
-    "default": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
-                "margin": 0.2236},
+#: Per allocator policy and compute precision (:data:`~memfit.estimate.training.PRECISIONS`):
+#: the coefficients of :data:`FIT_TERMS` and ``margin`` (a share added to the whole, so
+#: that at most 5 % of the cases are under-estimated), fitted on every family of the
+#: family panel (``benchmarks/estimate_families.py``, the line "Chosen on every family":
+#: ``benchmarks/estimate_fit.py``'s search for the smallest mean relative error with the
+#: under-estimates held at 5 %). How constants chosen so do on a family they never saw is
+#: the same run's k-fold-by-family table (docs/estimate.md, "Out of family").
+FITTED: dict[str, dict[str, dict[str, float]]] = {
+    "fixed": {   # measured with 4 steps (0.3 % run to run)
+        "float32": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
+                    "margin": 0.029},
+        "16-bit": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
+                   "margin": 0.029},
+    },
+    "default": {   # glibc as it comes (5 % run to run)
+        "float32": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
+                    "margin": 0.2236},
+        "16-bit": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
+                   "margin": 0.2236},
+    },
 }
 MAX_BATCH = 1 << 24
 
@@ -324,8 +323,6 @@ class Estimator:
                  device: str = "cpu", allocator: str = "default"):
         with input_errors():
             self.allocator = check_allocator(allocator)
-        self.constants = FITTED[self.allocator]
-        self.band = BANDS[self.allocator]
         self._held: dict[tuple[int, int], int] = {}
         check_policy(dtype_policy)
         if isinstance(optimizer, str):
@@ -335,6 +332,9 @@ class Estimator:
                                                                      name="dataset_budget")
         self.setup: Setup = prepare(model, dtype_policy=dtype_policy, optimizer=optimizer,
                                     input_shape=input_shape)
+        self.precision = precision_of(self.setup.policy)
+        self.constants = FITTED[self.allocator][self.precision]
+        self.band = BANDS[self.allocator][self.precision]
         try:
             self.step: StepGraph = trace(self.setup, cpu=self.device == "cpu")
         except EstimateError:
@@ -364,7 +364,7 @@ class Estimator:
 
         Example:
             >>> f = Estimator("mymodels:make_cnn").features(64)            # doctest: +SKIP
-            >>> predict_from_features(f, FITTED["fixed"])                   # doctest: +SKIP
+            >>> predict_from_features(f, FITTED["fixed"]["float32"])        # doctest: +SKIP
 
         Args:
             batch_size: samples per step.
@@ -428,9 +428,8 @@ class Estimator:
         return best
 
     def low(self, batch_size: int) -> int:
-        """The low end of ``total`` at ``batch_size``: the point prediction, its part that
-        is not :meth:`exact` times the policy's band ``low``
-        (:data:`memfit.estimate.band.BANDS`), + the baseline."""
+        """The low end of ``total`` at ``batch_size``: the point prediction, its part not
+        :meth:`exact` times the band's ``low`` (:data:`~.band.BANDS`), + the baseline."""
         return banded(self.total(batch_size) - self.baseline, self.exact(batch_size),
                       self.band["low"]) + self.baseline
 

@@ -26,9 +26,26 @@ from memfit.estimate.model import (
 )
 from memfit.estimate.optimizers import make_optimizer
 
-__all__ = ["Setup", "prepare", "make_batch", "batch_bytes"]
+__all__ = ["Setup", "prepare", "make_batch", "batch_bytes", "PRECISIONS", "precision_of"]
 
 DEFAULT_OPTIMIZER = "adam"
+#: The compute precisions the estimate's fitted constants and range are kept for: a 32-bit
+#: step, or a 16-bit one (``mixed_float16``, ``mixed_bfloat16``, ``float16``...), whose
+#: kernels allocate differently (oneDNN's float16 convolutions, float32 copies).
+PRECISIONS: tuple[str, ...] = ("float32", "16-bit")
+
+
+def precision_of(policy: str) -> str:
+    """The :data:`PRECISIONS` entry of a Keras dtype policy name.
+
+    Example:
+        >>> precision_of("float32"), precision_of("mixed_float16"), precision_of("bfloat16")
+        ('float32', '16-bit', '16-bit')
+
+    Args:
+        policy: a dtype policy name (``Setup.policy``).
+    """
+    return "16-bit" if "16" in policy else "float32"
 
 
 @dataclasses.dataclass
