@@ -2,6 +2,8 @@
 choice of constants for it."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from memfit.estimate import EstimateError, Estimator, measure_training
 from memfit.estimate.band import BANDS
 from memfit.estimate.estimator import FIT_TERMS, FITTED, predict_from_features
 from memfit.estimate.measure import _child_env
-from memfit.estimate.training import PRECISIONS, precision_of
+from memfit.estimate.training import KERNELS, kernels_of
 from memfit.memory.allocator import (
     ALLOCATOR_POLICIES,
     FIXED_MMAP_THRESHOLD,
@@ -52,7 +54,7 @@ def test_fix_mmap_threshold_rejects_bad_thresholds(bad):
 def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
     assert set(FITTED) == set(ALLOCATOR_POLICIES)
     for per_precision in FITTED.values():
-        assert set(per_precision) == set(PRECISIONS)
+        assert set(per_precision) == set(KERNELS)
         for constants in per_precision.values():
             assert set(constants) == {*FIT_TERMS, "margin"}
     fixed = Estimator(TINY, allocator="fixed").at(8)
@@ -68,18 +70,35 @@ def test_every_policy_has_fitted_constants_and_the_estimate_says_which():
 def test_prediction_from_features_matches_the_estimate():
     est = Estimator(TINY, allocator="fixed")
     for b in (1, 64, 4096):
-        assert abs(predict_from_features(est.features(b), FITTED["fixed"]["float32"])
+        assert abs(predict_from_features(est.features(b), FITTED["fixed"][est.kernels])
                    - est.at(b).model_bytes) <= 4          # int rounding of the parts
 
 
-def test_a_16_bit_step_gets_the_constants_and_range_fitted_on_16_bit_steps():
-    est = Estimator(TINY, allocator="fixed", dtype_policy="mixed_float16")
-    assert est.precision == "16-bit" and precision_of("mixed_bfloat16") == "16-bit"
-    assert est.constants == FITTED["fixed"]["16-bit"]
-    assert est.band == BANDS["fixed"]["16-bit"]
-    assert abs(predict_from_features(est.features(64), FITTED["fixed"]["16-bit"])
-               - est.at(64).model_bytes) <= 4
-    assert Estimator(TINY, allocator="fixed").precision == "float32"
+def test_the_constants_and_range_follow_the_kernels_the_training_runs():
+    # oneDNN's float32 and 16-bit kernels and TensorFlow's own keep different memory
+    # beyond the tensors (docs/estimate.md, "oneDNN"): each has its constants and range.
+    for onednn, policy, kernels in [(True, "float32", "onednn-float32"),
+                                    (True, "mixed_float16", "onednn-16bit"),
+                                    (False, "mixed_float16", "tensorflow")]:
+        est = Estimator(TINY, allocator="fixed", dtype_policy=policy, onednn=onednn)
+        assert est.kernels == kernels == kernels_of(policy, onednn)
+        assert est.constants == FITTED["fixed"][kernels]
+        assert est.band == BANDS["fixed"][kernels]
+        e = est.at(64)
+        assert abs(predict_from_features(est.features(64), FITTED["fixed"][kernels])
+                   - e.model_bytes) <= 4
+        assert e.kernels == kernels and e.to_json()["kernels"] == kernels
+        assert "kernels: " in str(e)
+
+
+def test_onednn_is_read_from_the_process_tensorflow_runs_in():
+    code = ("from memfit.estimate.training import onednn_enabled; "
+            "print(onednn_enabled())")
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
+
 
 
 def test_the_measuring_child_runs_under_the_policy_asked_for():

@@ -33,7 +33,7 @@ def test_every_policy_has_a_band_around_the_point_prediction(tiny):
     # The band widens the predicted part only: weights, slots and the input are counted.
     predicted = e.model_bytes - tiny.exact(32)
     assert tiny.exact(32) == e.weights + e.optimizer_slots + e.input_batch
-    band = BANDS["fixed"]["float32"]
+    band = tiny.band
     assert (e.total_high - e.total_low) >= (band["high"] - band["low"]) * predicted * 0.99
     assert e.model_bytes_high - e.model_bytes <= (band["high"] - 1) * e.model_bytes + 1
     out = e.to_json()

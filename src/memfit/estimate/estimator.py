@@ -50,13 +50,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memfit.estimate.advice import advice
 from memfit.estimate.band import BANDS, DOES_NOT_FIT, FITS, UNCERTAIN, banded, verdict
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import LayerRow, layer_rows, param_bytes, param_count
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
-from memfit.estimate.training import Setup, batch_bytes, precision_of, prepare
+from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.sizes import format_size, parse_size
@@ -70,7 +71,7 @@ __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
 #: ``one`` bytes (executor, thread pools, Keras trainer state) and ``ops`` bytes per op
 #: of the traced step (graph, function, kernels); the policy decides which are heap-served.
 FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
-#: Per allocator policy and compute precision (:data:`~memfit.estimate.training.PRECISIONS`):
+#: Per allocator policy and kernels (:data:`~memfit.estimate.training.KERNELS`):
 #: the coefficients of :data:`FIT_TERMS` and ``margin`` (a share added to the whole, so
 #: that at most 5 % of the cases are under-estimated), fitted on every family of the
 #: family panel (``benchmarks/estimate_families.py``, the line "Chosen on every family":
@@ -78,17 +79,24 @@ FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
 #: under-estimates held at 5 %). How constants chosen so do on a family they never saw is
 #: the same run's k-fold-by-family table (docs/estimate.md, "Out of family").
 FITTED: dict[str, dict[str, dict[str, float]]] = {
-    "fixed": {   # measured with 4 steps (0.3 % run to run)
-        "float32": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
-                    "margin": 0.029},
-        "16-bit": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
-                   "margin": 0.029},
+    "fixed": {   # 4 steps (0.3 % run to run); 102 cases each
+        "onednn-float32": {"heap": 1.607821, "mmap": 1.0, "one": 7_763_476, "ops": 30_000,
+                           "margin": 0.2038},
+        "onednn-16bit": {"heap": 1.074813, "mmap": 1.460242, "one": 13_794_708,
+                         "ops": 27_136, "margin": 0.1963},
+        # Fitted on the first 60-case panel (benchmarks/estimate_accuracy.py), measured on
+        # a CPU oneDNN was not used on; judged on the family panel with oneDNN off.
+        "tensorflow": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
+                       "margin": 0.029},
     },
-    "default": {   # glibc as it comes (5 % run to run)
-        "float32": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
-                    "margin": 0.2236},
-        "16-bit": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
-                   "margin": 0.2236},
+    "default": {   # glibc as it comes (5 % run to run); 102 cases each, measured once
+        "onednn-float32": {"heap": 1.036875, "mmap": 1.089894, "one": 14_043_655,
+                           "ops": 28_133, "margin": 0.239},
+        "onednn-16bit": {"heap": 1.722673, "mmap": 1.0, "one": 12_653_599, "ops": 28_500,
+                         "margin": 0.2002},
+        # The first panel, as above; not measured on the family panel under this policy.
+        "tensorflow": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
+                       "margin": 0.2236},
     },
 }
 MAX_BATCH = 1 << 24
@@ -153,6 +161,7 @@ class Estimate:
         allocator_policy: the allocator policy predicted: ``"default"`` (glibc as it
             comes) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB; see
             :mod:`memfit.memory.allocator`).
+        kernels: the kernels predicted (:data:`~memfit.estimate.training.KERNELS`).
         baseline: the framework baseline; ``baseline_source`` says where it came from.
         model_bytes_low / model_bytes_high: the range of ``model_bytes`` under this
             allocator policy (:mod:`memfit.estimate.band`).
@@ -180,6 +189,7 @@ class Estimate:
     runtime: int
     margin: int
     allocator_policy: str
+    kernels: str
     baseline: int
     baseline_source: str
     peak_op: str
@@ -262,7 +272,8 @@ class Estimate:
         widths = [max(len(row[i]) for row in rows) for i in range(6)]
         lines = [f"memfit estimate: {self.model_name}, batch {self.batch_size}, "
                  f"{self.dtype_policy}, {self.optimizer}, {self.device}",
-                 f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}", ""]
+                 f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}",
+                 f"kernels: {_KERNELS_TEXT[self.kernels]}", ""]
         for i, row in enumerate(rows):
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
             cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
@@ -316,11 +327,14 @@ class Estimator:
             and less predictably) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB:
             a process started with ``MALLOC_MMAP_THRESHOLD_=131072`` or that called
             ``memfit.memory.allocator.fix_mmap_threshold()`` first).
+        onednn: whether the training process runs oneDNN's kernels (``None``: as this
+            process does, see :func:`~memfit.estimate.training.onednn_enabled`).
     """
 
     def __init__(self, model: Any, *, optimizer: Any = None, dtype_policy: str | None = None,
                  input_shape: Any = None, dataset_budget: int | str | None = None,
-                 device: str = "cpu", allocator: str = "default"):
+                 device: str = "cpu", allocator: str = "default",
+                 onednn: bool | None = None):
         with input_errors():
             self.allocator = check_allocator(allocator)
         self._held: dict[tuple[int, int], int] = {}
@@ -332,9 +346,10 @@ class Estimator:
                                                                      name="dataset_budget")
         self.setup: Setup = prepare(model, dtype_policy=dtype_policy, optimizer=optimizer,
                                     input_shape=input_shape)
-        self.precision = precision_of(self.setup.policy)
-        self.constants = FITTED[self.allocator][self.precision]
-        self.band = BANDS[self.allocator][self.precision]
+        self.kernels = kernels_of(self.setup.policy,
+                                  onednn_enabled() if onednn is None else bool(onednn))
+        self.constants = FITTED[self.allocator][self.kernels]
+        self.band = BANDS[self.allocator][self.kernels]
         try:
             self.step: StepGraph = trace(self.setup, cpu=self.device == "cpu")
         except EstimateError:
@@ -474,7 +489,8 @@ class Estimator:
                      gradients=p["gradients"], activations=p["activations"],
                      allocator=p["allocator"], input_batch=p["input_batch"], pipeline=self.pipeline,
                      runtime=p["runtime"], margin=p["margin"],
-                     allocator_policy=self.allocator, baseline=self.baseline,
+                     allocator_policy=self.allocator, kernels=self.kernels,
+                     baseline=self.baseline,
                      baseline_source=self.baseline_source, peak_op=p["peak_op"],
                      params_trainable=trainable, params_non_trainable=frozen,
                      model_bytes_low=self.low(batch_size) - self.baseline,
@@ -483,53 +499,17 @@ class Estimator:
             return e
         best = self.max_batch_size(budget_bytes)
         return dataclasses.replace(e, budget=budget_bytes, max_batch_size=best,
-                                   advice=tuple(self.advice(e, budget_bytes, best)))
-
-    def advice(self, e: Estimate, budget: int, best: int) -> list[str]:
-        """What to change when batch ``e.batch_size`` is not sure to fit ``budget``."""
-        if e.total_high <= budget:
-            return []
-        if e.baseline >= budget:
-            # Nothing about the model can help: say so, and nothing else.
-            return [f"the framework alone (import tensorflow, keras: "
-                    f"{format_size(e.baseline)} on this machine) needs more than the budget "
-                    f"({format_size(budget)}): no batch size, precision or optimizer fits "
-                    f"it; raise the budget"]
-        out = []
-        if best > 0:
-            out.append(f"use batch size {best} or smaller (batch {e.batch_size} needs up to "
-                       f"{format_size(e.total_high)}, the budget is {format_size(budget)})")
-        else:
-            fixed = e.weights + e.optimizer_slots + e.runtime + e.baseline + e.pipeline
-            out.append(f"not even batch size 1 fits for sure (it needs up to "
-                       f"{format_size(self.high(1))}); "
-                       f"weights, optimizer state, runtime and baseline alone need "
-                       f"{format_size(fixed)}")
-        if e.total_low <= budget:
-            out.append(f"the budget is inside the estimate's range "
-                       f"({format_size(e.total_low)} - {format_size(e.total_high)}): "
-                       f"memfit find-batch-size measures real steps")
-        if e.dtype_policy == "float32" and e.activations > e.weights:
-            out.append(f"mixed precision (--dtype-policy mixed_float16, or mixed_bfloat16) "
-                       f"stores activations in 16 bits: about {format_size(e.activations // 2)}"
-                       f" less at this batch size")
-        if e.optimizer_slots > e.weights // 2:
-            out.append(f"the optimizer keeps {format_size(e.optimizer_slots)} of state: SGD "
-                       f"keeps none, sgd+momentum one copy of the weights")
-        if self.pipeline:
-            out.append(f"a smaller dataset budget frees up to {format_size(self.pipeline)}")
-        heavy = sorted(self.layers, key=lambda r: r.kept_bytes, reverse=True)[:3]
-        kept_total = sum(r.kept_bytes for r in self.layers) or 1
-        if heavy and heavy[0].kept_bytes:
-            names = ", ".join(f"{r.name} ({r.kept_bytes * 100 // kept_total} %)" for r in heavy)
-            out.append(f"the layers keeping the most for the backward pass: {names}")
-        big = sorted(self.layers, key=lambda r: r.weight_bytes, reverse=True)[:1]
-        if big and big[0].weight_bytes > e.weights // 3:
-            out.append(f"{big[0].name} holds {format_size(big[0].weight_bytes)} of the "
-                       f"{format_size(e.weights)} of weights")
-        return out
+                                   advice=tuple(advice(self, e, budget_bytes, best)))
 
 
+_KERNELS_TEXT = {
+    "onednn-float32": "oneDNN's (TensorFlow's default here; TF_ENABLE_ONEDNN_OPTS=0 turns "
+                      "them off, in memfit and in the training)",
+    "onednn-16bit": "oneDNN's, 16-bit (TensorFlow's default here; TF_ENABLE_ONEDNN_OPTS=0 "
+                    "turns them off, in memfit and in the training)",
+    "tensorflow": "TensorFlow's own (oneDNN off in this process: TF_ENABLE_ONEDNN_OPTS=0, or "
+                  "a CPU it does not use)",
+}
 _POLICY_TEXT = {
     "fixed": "fixed (glibc mmap threshold 128 KiB: start the training with "
              "MALLOC_MMAP_THRESHOLD_=131072 or call "
@@ -543,7 +523,8 @@ _POLICY_TEXT = {
 def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
              dtype_policy: str | None = None, input_shape: Any = None,
              dataset_budget: int | str | None = None, budget: int | str | None = None,
-             device: str = "cpu", allocator: str = "default") -> Estimate:
+             device: str = "cpu", allocator: str = "default",
+             onednn: bool | None = None) -> Estimate:
     """Estimates the memory that training ``model`` at ``batch_size`` needs.
 
     Nothing is trained: the model is built (weights, optimizer state) and one training
@@ -582,6 +563,8 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
         allocator: the allocator policy of the process predicted: ``"default"`` (glibc
             as it comes) or ``"fixed"`` (mmap threshold fixed at 128 KiB, see
             :mod:`memfit.memory.allocator`).
+        onednn: whether the training process runs oneDNN's kernels (``None``: as this
+            process does; ``TF_ENABLE_ONEDNN_OPTS=0`` turns them off in both).
 
     Returns:
         An :class:`Estimate`; ``print`` it for the table, ``.to_json()`` for tools.
@@ -593,7 +576,7 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
     check_batch_size(batch_size)
     est = Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
                     input_shape=input_shape, dataset_budget=dataset_budget, device=device,
-                    allocator=allocator)
+                    allocator=allocator, onednn=onednn)
     if est.baseline_source == "default":        # nothing cached: measured, once per machine
         est.baseline, est.baseline_source = ensure_calibration(est.device)
     return est.at(batch_size, budget=budget)

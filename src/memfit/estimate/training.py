@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from memfit.estimate.model import (
@@ -26,26 +27,51 @@ from memfit.estimate.model import (
 )
 from memfit.estimate.optimizers import make_optimizer
 
-__all__ = ["Setup", "prepare", "make_batch", "batch_bytes", "PRECISIONS", "precision_of"]
+__all__ = ["Setup", "prepare", "make_batch", "batch_bytes", "KERNELS", "kernels_of",
+           "onednn_enabled"]
 
 DEFAULT_OPTIMIZER = "adam"
-#: The compute precisions the estimate's fitted constants and range are kept for: a 32-bit
-#: step, or a 16-bit one (``mixed_float16``, ``mixed_bfloat16``, ``float16``...), whose
-#: kernels allocate differently (oneDNN's float16 convolutions, float32 copies).
-PRECISIONS: tuple[str, ...] = ("float32", "16-bit")
+#: The kernels a training step runs, for which the estimate's fitted constants and range
+#: are kept apart: oneDNN's (TensorFlow's default on x86 CPUs with AVX-512 VNNI and newer:
+#: large buffers come from its pool, which keeps what it grew to), for a 32-bit or a 16-bit
+#: step (``mixed_float16``, ``mixed_bfloat16``...: its float16 kernels keep far more), or
+#: TensorFlow's own (``TF_ENABLE_ONEDNN_OPTS=0``, or a CPU oneDNN is not used on).
+KERNELS: tuple[str, ...] = ("onednn-float32", "onednn-16bit", "tensorflow")
 
 
-def precision_of(policy: str) -> str:
-    """The :data:`PRECISIONS` entry of a Keras dtype policy name.
+def onednn_enabled() -> bool:
+    """Whether TensorFlow in this process runs oneDNN's kernels (its choice by CPU, or
+    ``TF_ENABLE_ONEDNN_OPTS``); a training process started the same way on the same
+    machine does too. When TensorFlow cannot say, the variable decides, and unset counts
+    as on (the estimate with oneDNN's constants is the larger).
 
     Example:
-        >>> precision_of("float32"), precision_of("mixed_float16"), precision_of("bfloat16")
-        ('float32', '16-bit', '16-bit')
+        >>> isinstance(onednn_enabled(), bool)
+        True
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port as port
+        return bool(port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower() not in ("0", "false")
+
+
+def kernels_of(policy: str, onednn: bool) -> str:
+    """The :data:`KERNELS` entry of a step under a Keras dtype policy.
+
+    Example:
+        >>> kernels_of("float32", True), kernels_of("mixed_bfloat16", True)
+        ('onednn-float32', 'onednn-16bit')
+        >>> kernels_of("mixed_float16", False)
+        'tensorflow'
 
     Args:
         policy: a dtype policy name (``Setup.policy``).
+        onednn: whether the training process runs oneDNN's kernels.
     """
-    return "16-bit" if "16" in policy else "float32"
+    if not onednn:
+        return "tensorflow"
+    return "onednn-16bit" if "16" in policy else "onednn-float32"
 
 
 @dataclasses.dataclass
