@@ -126,7 +126,8 @@ def predict(cases: list[dict], cache: dict, path: Path) -> None:
         t = time.time()
         try:
             est = Estimator(f"{MODELS}:{name}", dtype_policy=dtype, input_shape=shape,
-                            allocator=allocator.removesuffix(ONEDNN_OFF))
+                            allocator=allocator.removesuffix(ONEDNN_OFF),
+                            onednn=not allocator.endswith(ONEDNN_OFF))
         except Exception as e:     # noqa: BLE001 -- a model the estimator fails on is a result
             for c in group:
                 cache["predicted"][c["key"]] = {"error": f"{type(e).__name__}: {e}"[:500]}
@@ -208,20 +209,22 @@ def held(r: dict, constants: dict | None) -> int:
     return max(fitting.predict_from_features(f, constants) for f in plays)
 
 
-def kfold(rows: list[dict]) -> dict[str, dict]:
+def kfold(rows: list[dict], refit: bool = True) -> dict[str, dict]:
     """K-fold by family: for each family, the constants (:func:`estimate_fit.fit`) and the
     band (:func:`band`) chosen on every *other* family, and how they do on this one --
     its relative errors, its cases measured above the high end (where "fits" would have
     invited an out-of-memory) and below the low end. Nothing about a family is chosen
-    with its own cases."""
+    with its own cases. ``refit=False`` keeps the constants the estimator ships and
+    chooses only the band by family (for constants fitted elsewhere)."""
     out = {}
     for family in sorted({r["family"] for r in rows}):
         train = [r for r in rows if r["family"] != family]
         test = [r for r in rows if r["family"] == family]
-        c = fitting.fit([(r["features"], r["measured"]) for r in train])
+        c = fitting.fit([(r["features"], r["measured"]) for r in train]) if refit else None
         lo, hi = band(train, c)
         errs = [point(r, c) / r["measured"] - 1 for r in test]
-        bare = [point(r, {**c, "margin": 0.0}) / r["measured"] - 1 for r in test]
+        bare = [point(r, {**c, "margin": 0.0} if c else None) / r["measured"] - 1
+                for r in test]
         out[family] = {"constants": c, "low": lo, "high": hi, "cases": len(test),
                        "errors": errs, "bare": bare,
                        "above_high": sum(r["measured"] > banded(r, held(r, c), hi)
@@ -241,7 +244,7 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 
 
-def report(rows: list[dict], allocator: str) -> str:
+def report(rows: list[dict], allocator: str, refit: bool = True) -> str:
     """The markdown: a table per family, the per-family summary, the overall figures and
     the band judged out of family."""
     lines = [f"## allocator policy `{allocator}`", ""]
@@ -271,17 +274,18 @@ def report(rows: list[dict], allocator: str) -> str:
               f"{_pct(min(errors, default=0))} to {_pct(max(errors, default=0))}.** "
               f"Families without a model in the old panel: "
               f"{', '.join(f for f in families if f not in IN_OLD_PANEL) or 'none'}.", ""]
-    folds = kfold(rows)
+    folds = kfold(rows, refit)
     if len(folds) > 1:
-        lines += kfold_lines(folds, rows)
+        lines += kfold_lines(folds, rows, refit)
     return "\n".join(lines)
 
 
-def kfold_lines(folds: dict[str, dict], rows: list[dict]) -> list[str]:
+def kfold_lines(folds: dict[str, dict], rows: list[dict], refit: bool = True) -> list[str]:
     """The out-of-family table: each family judged by constants and a band chosen on
     the others; then the constants and band chosen on every family (for ``FITTED`` and
     ``BANDS``), with their in-panel figures."""
-    lines = ["### out of family (k-fold by family: constants and band chosen on the others)",
+    chosen = "constants and band" if refit else "band (constants as shipped)"
+    lines = [f"### out of family (k-fold by family: {chosen} chosen on the others)",
              "", "| held-out family | cases | mean relative error | under-estimated | "
              "band (× predicted) | above the high end | below the low end | "
              "worst above high |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
@@ -304,6 +308,10 @@ def kfold_lines(folds: dict[str, dict], rows: list[dict]) -> list[str]:
                   f"end.** Without the margin (each fold's): mean relative error "
                   f"{fitting.mean_abs(bare) * 100:.1f} %, under-estimated "
                   f"{fitting.under_share(bare) * 100:.1f} %.", ""]
+    if not refit:
+        lo, hi = band(rows)
+        return [*lines, f"The shipped constants, band on every family (for `BANDS`): "
+                        f"{lo:.4f} – {hi:.4f}.", ""]
     c = fitting.fit([(r["features"], r["measured"]) for r in rows])
     lo, hi = band(rows, c)
     every = [point(r, c) / r["measured"] - 1 for r in rows]
@@ -333,6 +341,9 @@ def main() -> None:
     p.add_argument("--measure-only", action="store_true", help="measure, do not predict")
     p.add_argument("--report-only", action="store_true",
                    help="no measuring: predict and report what the cache holds")
+    p.add_argument("--shipped-constants", action="store_true",
+                   help="judge the constants the estimator ships (fitted elsewhere); only the "
+                        "band is chosen by family")
     p.add_argument("--repredict", action="store_true",
                    help="drop the cached predictions of these cases and play them again")
     args = p.parse_args()
@@ -356,7 +367,7 @@ def main() -> None:
     for allocator in allocators:
         rows = rows_of([c for c in cases if c["allocator"] == allocator], cache)
         if rows:
-            print(report(rows, allocator))
+            print(report(rows, allocator, refit=not args.shipped_constants))
 
 
 if __name__ == "__main__":
