@@ -1,13 +1,13 @@
 """The estimate's range, and a verdict on a budget that never invites an out-of-memory.
 
-The estimator's point prediction (``model_bytes``) was fitted on one panel of models;
-on architectures it never saw it errs both ways (docs/estimate.md, "Out of family"). So
-an estimate carries a **range** per allocator policy: ``low`` and ``high`` scale the part
-of the point prediction that is predicted -- not the weights, optimizer slots and input
-batch, which are counted exactly (:func:`banded`) -- by the extremes of ``measured /
-predicted`` of that part on the family panel (``benchmarks/estimate_families.py``), and
-the high end is taken from a prediction that never falls as the batch grows
-(:meth:`memfit.estimate.estimator.Estimator.high`).
+The estimator's point prediction (``model_bytes``) errs both ways on architectures its
+constants were not fitted on (docs/estimate.md, "Out of family": measured k-fold by
+family). So an estimate carries a **range** per allocator policy and kernels: ``low``
+and ``high`` scale the part of the point prediction that is predicted -- not the
+weights, optimizer slots and input batch, which are counted exactly (:func:`banded`) --
+by the extremes of ``measured / predicted`` of that part on the family panel
+(``benchmarks/estimate_families.py``), and the high end is taken from a prediction that
+never falls as the batch grows (:meth:`memfit.estimate.estimator.Estimator.high`).
 
 A budget then gets one of three answers (:func:`verdict`):
 
