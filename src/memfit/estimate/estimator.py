@@ -247,7 +247,7 @@ class Estimate:
         return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
                 ("gradients (at peak)", self.gradients),
                 ("activations (at peak)", self.activations),
-                ("allocator retention (glibc arenas)", self.allocator),
+                ("allocator retention (glibc, oneDNN)", self.allocator),
                 ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                 ("runtime (graph, kernels)", self.runtime),
                 ("safety margin", self.margin),
