@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -120,9 +121,12 @@ def main() -> None:
               f"{r['failed'] if r['failed'] is not None else '—'} | {r['verdict']} |")
     bad = sum(r["verdict"] == "invites an out-of-memory" for r in rows)
     unsettled = sum(r["verdict"] == "unsettled" for r in rows)
+    ratios = sorted(r["estimate"] / r["fitted"] for r in rows if r["fitted"])
+    median = statistics.median(ratios) if ratios else float("nan")
     print(f"\n**{len(rows)} searches: the estimate's batch invited an out-of-memory in {bad}; "
           f"{unsettled} unsettled (between the largest batch that fitted and the smallest "
-          f"that failed).** Baseline {baseline / 2**20:.0f} MiB.")
+          f"that failed).** The estimate's batch ÷ the largest that fitted: median "
+          f"{median:.2f}. Baseline {baseline / 2**20:.0f} MiB.")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ The estimate is the sum of parts a user can act on:
 * **runtime**: what TensorFlow and Keras allocate for a model beyond its tensors — the
   traced graph, the instantiated function and its kernels — per op of the step;
 * **safety margin**: a share of the rest, so that at most 5 % of the fitting cases are
-  under-estimated; the last three are fitted per policy and precision (:data:`FITTED`);
+  under-estimated; the last three are fitted per policy and kernels (:data:`FITTED`);
 * **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
 
 ``model_bytes`` (all but the baseline) predicts what ``measure_training`` measures;
@@ -379,7 +379,7 @@ class Estimator:
 
         Example:
             >>> f = Estimator("mymodels:make_cnn").features(64)            # doctest: +SKIP
-            >>> predict_from_features(f, FITTED["fixed"]["float32"])        # doctest: +SKIP
+            >>> predict_from_features(f, FITTED["fixed"]["onednn-float32"])  # doctest: +SKIP
 
         Args:
             batch_size: samples per step.
@@ -503,10 +503,10 @@ class Estimator:
 
 
 _KERNELS_TEXT = {
-    "onednn-float32": "oneDNN's (TensorFlow's default here; TF_ENABLE_ONEDNN_OPTS=0 turns "
-                      "them off, in memfit and in the training)",
-    "onednn-16bit": "oneDNN's, 16-bit (TensorFlow's default here; TF_ENABLE_ONEDNN_OPTS=0 "
-                    "turns them off, in memfit and in the training)",
+    "onednn-float32": "oneDNN's (TensorFlow's default on this CPU; TF_ENABLE_ONEDNN_OPTS=0 "
+                      "turns them off, in memfit and in the training)",
+    "onednn-16bit": "oneDNN's, 16-bit (TensorFlow's default on this CPU; "
+                    "TF_ENABLE_ONEDNN_OPTS=0 turns them off, in memfit and in the training)",
     "tensorflow": "TensorFlow's own (oneDNN off in this process: TF_ENABLE_ONEDNN_OPTS=0, or "
                   "a CPU it does not use)",
 }
