@@ -68,7 +68,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = ["NOISE", "is_noise", "strip_noise", "LineFilter", "FilteredPopen", "quieted",
-           "filters_children", "ignore_keras_shuffle_warning", "LOG_LEVEL_ENV"]
+           "filtered_stderr", "filters_children", "ignore_keras_shuffle_warning",
+           "LOG_LEVEL_ENV"]
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
@@ -108,6 +109,7 @@ HOLD_SECONDS = 0.2
 _DRAIN_SECONDS = 1.0        # how long wait() waits for the filter to pass on the last lines
 
 _children = [False]         # process-wide: filter the stderr of the children memfit starts
+_shown = [False]            # process-wide: inside quieted(False) (--verbose), filter nothing
 
 
 def is_noise(line: str) -> bool:
@@ -316,7 +318,7 @@ class _QuietLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        with _held_stderr(), _log_level():
+        with filtered_stderr(), _log_level():
             self._loader.exec_module(module)
             # The first device query logs cuInit's error on a machine without a GPU: here,
             # while held. Listing physical devices leaves them configurable.
@@ -330,8 +332,20 @@ def _uninstall(finder: _QuietImport) -> None:
 
 
 @contextlib.contextmanager
-def _held_stderr() -> Iterator[None]:
-    """Points fd 2 at a temporary file; at the end, writes back all but the noise."""
+def filtered_stderr() -> Iterator[None]:
+    """Points fd 2 at a temporary file; at the end, writes back all but TensorFlow's
+    start-up lines (:func:`is_noise`), in order: for a block of this process that makes
+    TensorFlow log them (a first device query, the graph optimizer's session).
+
+    Example:
+        >>> with filtered_stderr():                              # doctest: +SKIP
+        ...     tf_optimizer.OptimizeGraph(config, meta_graph)   # no "Starting new session"
+
+    Inside ``quieted(False)`` (``--verbose``) it changes nothing.
+    """
+    if _shown[0]:
+        yield
+        return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -371,7 +385,8 @@ def quieted(enabled: bool = True) -> Iterator[None]:
     """TensorFlow's start-up lines off the screen while the block runs: in this process's
     own import of TensorFlow (if it happens in the block) and in the stderr of the
     children :func:`memfit.memory.process.start` starts. ``enabled=False`` (``--verbose``)
-    changes nothing.
+    changes nothing, and turns off the quieting nested in it (a library call inside a
+    command run with ``--verbose`` shows TensorFlow's lines too).
 
     Example:
         >>> with quieted():                                      # doctest: +SKIP
@@ -380,8 +395,12 @@ def quieted(enabled: bool = True) -> Iterator[None]:
     Args:
         enabled: whether to filter.
     """
-    if not enabled:
-        yield
+    if not enabled or _shown[0]:
+        previous, _shown[0] = _shown[0], _shown[0] or not enabled
+        try:
+            yield
+        finally:
+            _shown[0] = previous
         return
     finder = None
     if "tensorflow" not in sys.modules:

@@ -108,3 +108,21 @@ def test_estimate_is_calibrated_and_quiet_and_verbose_shows_tensorflow(tmp_path)
     assert any(is_noise(line) for line in verbose.stderr.splitlines() if NOISE_MARKS[0]
                not in line)
     assert "measured this machine's" not in verbose.stderr           # cached now
+
+
+def test_the_python_api_is_quiet_too(tmp_path):
+    # memfit.estimate() in a user's script: no start-up lines when memfit imports
+    # TensorFlow, and none of the graph optimizer's lines when the script imported it
+    # first (its own `import tensorflow` lines are the script's, left as they are).
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env[CACHE_ENV] = str(tmp_path / "cache")
+    call = "import memfit; print(memfit.estimate('tests.estimate.models:tiny', 2).total > 0)"
+    for first in ("", "import tensorflow; "):
+        out = subprocess.run([sys.executable, "-c", first + call], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=600)
+        assert out.returncode == 0 and out.stdout == "True\n", out.stderr[-2000:]
+        ours = [line for line in out.stderr.splitlines()
+                if not (first and any(m in line for m in NOISE_MARKS[:3]))
+                and "cpu_feature_guard" not in line and "To enable the following" not in line]
+        assert not any(is_noise(line) for line in ours), ours
+        assert "Starting new session" not in out.stderr and "cuInit" not in out.stderr

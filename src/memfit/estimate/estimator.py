@@ -60,6 +60,7 @@ from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
+from memfit.quiet import filtered_stderr, quieted
 from memfit.sizes import format_size, parse_size
 
 __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
@@ -344,8 +345,9 @@ class Estimator:
         self.device = check_device(device)
         self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
                                                                      name="dataset_budget")
-        self.setup: Setup = prepare(model, dtype_policy=dtype_policy, optimizer=optimizer,
-                                    input_shape=input_shape)
+        with quieted(), filtered_stderr():      # TensorFlow's start-up lines
+            self.setup: Setup = prepare(model, dtype_policy=dtype_policy,
+                                        optimizer=optimizer, input_shape=input_shape)
         self.kernels = kernels_of(self.setup.policy,
                                   onednn_enabled() if onednn is None else bool(onednn))
         self.constants = FITTED[self.allocator][self.kernels]

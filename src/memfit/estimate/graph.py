@@ -52,6 +52,7 @@ from memfit.estimate.kernels import (
     workspace,
 )
 from memfit.estimate.schedule import Event, Executor, Op, Peak, executor_threads, peak
+from memfit.quiet import filtered_stderr
 
 __all__ = ["StepGraph", "trace"]
 
@@ -199,7 +200,8 @@ def trace(setup: Any, cpu: bool = True, threads: int | None = None) -> StepGraph
                            checks.count("threads", threads, example=2))
     ops, count = collector.collect(graph)
     fetches = {t.name for t in graph.outputs}
-    run_ops = optimized(graph, ops, collector.functions) if cpu else None
+    with filtered_stderr():     # the optimizer's device query and session log lines
+        run_ops = optimized(graph, ops, collector.functions) if cpu else None
     return StepGraph(ops, fetches, count, scopes, run_ops, threads=collector.threads)
 
 
