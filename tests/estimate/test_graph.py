@@ -68,6 +68,35 @@ def test_the_filter_gradient_holds_an_im2col_buffer_of_a_shard_of_images():
     assert small.bytes < shard * column < big.bytes
 
 
+def pooled() -> keras.Model:
+    return keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3),
+                             keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+                             keras.layers.Dense(2)])
+
+
+def test_onednn_kernels_hold_no_im2col_buffer_and_a_byte_per_pooled_element():
+    # Measured one op at a time with get_memory_info, oneDNN on: a float32 convolution
+    # gradient allocates only its result; MaxPoolGrad runs the pooling again (its output
+    # and a one-byte workspace per element) instead of TensorFlow's int64 argmax + copy.
+    keras.backend.clear_session()
+    setup = prepare(pooled())
+    ours, theirs = graph.trace(setup), graph.trace(setup, onednn=True)
+    grads = {op.type: op.workspace for op in theirs.run_ops
+             if op.type in ("Conv2DBackpropFilter", "MaxPoolGrad")}
+    pooled_bytes = 7 * 7 * 8 * 4                  # the pooled output, per sample
+    assert grads == {"Conv2DBackpropFilter": (0, 0, 0),
+                     "MaxPoolGrad": (0, pooled_bytes + pooled_bytes // 4, 0)}
+    mine = {op.type: op.workspace for op in ours.run_ops
+            if op.type in ("Conv2DBackpropFilter", "MaxPoolGrad")}
+    assert mine["Conv2DBackpropFilter"][1] > 0 and mine["MaxPoolGrad"] == (0, 3 * pooled_bytes, 0)
+    assert theirs.peak(256, 131072).bytes < ours.peak(256, 131072).bytes
+    # float16 convolutions and pooling stay TensorFlow's (no float16 oneDNN kernels here).
+    keras.backend.clear_session()
+    half = graph.trace(prepare(pooled(), dtype_policy="mixed_float16"), onednn=True)
+    (grad,) = [op for op in half.run_ops if op.type == "Conv2DBackpropFilter"]
+    assert grad.workspace[1] > 0
+
+
 def test_the_loss_scale_branch_is_inlined_and_played_in_order():
     step = _step(conv, "mixed_float16")
     assert any(op.type in ("If", "StatelessIf") for op in step.ops)

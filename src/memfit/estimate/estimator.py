@@ -353,7 +353,8 @@ class Estimator:
         self.constants = FITTED[self.allocator][self.kernels]
         self.band = BANDS[self.allocator][self.kernels]
         try:
-            self.step: StepGraph = trace(self.setup, cpu=self.device == "cpu")
+            self.step: StepGraph = trace(self.setup, cpu=self.device == "cpu",
+                                         onednn=self.kernels != "tensorflow")
         except EstimateError:
             raise
         except Exception as e:     # noqa: BLE001

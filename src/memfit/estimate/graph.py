@@ -166,7 +166,8 @@ class StepGraph:
         return dict(out)
 
 
-def trace(setup: Any, cpu: bool = True, threads: int | None = None) -> StepGraph:
+def trace(setup: Any, cpu: bool = True, threads: int | None = None,
+          onednn: bool = False) -> StepGraph:
     """Traces one training step of a compiled model (see the module docstring).
 
     Args:
@@ -176,6 +177,8 @@ def trace(setup: Any, cpu: bool = True, threads: int | None = None) -> StepGraph
             the traced graph is played, without kernel buffers.
         threads: the executor threads of the training process (see :class:`StepGraph`);
             ``None``: this process's CPUs.
+        onednn: the training process runs oneDNN's kernels (their buffers, not
+            TensorFlow's: :func:`~memfit.estimate.kernels.workspace`).
 
     Returns:
         The :class:`StepGraph`; call ``.peak(batch_size)`` on it.
@@ -197,7 +200,7 @@ def trace(setup: Any, cpu: bool = True, threads: int | None = None) -> StepGraph
         concrete = tf.function(step, autograph=False).get_concrete_function(x, y)
     graph = concrete.graph
     collector = _Collector(cpu, executor_threads() if threads is None else
-                           checks.count("threads", threads, example=2))
+                           checks.count("threads", threads, example=2), onednn=onednn)
     ops, count = collector.collect(graph)
     fetches = {t.name for t in graph.outputs}
     with filtered_stderr():     # the optimizer's device query and session log lines
@@ -233,9 +236,10 @@ class _Collector:
     """Makes the :class:`~memfit.estimate.schedule.Op` of every traced op, following the
     functions each calls; the ops of each function go to :attr:`functions` (by name)."""
 
-    def __init__(self, cpu: bool, threads: int):
+    def __init__(self, cpu: bool, threads: int, onednn: bool = False):
         self.cpu = cpu
         self.threads = threads
+        self.onednn = onednn
         self.functions: dict[str, list[Op]] = {}
 
     def collect(self, graph: Any, depth: int = 0) -> tuple[list[Op], int]:
@@ -260,7 +264,8 @@ class _Collector:
                           outputs=[(t.name, *tensor_sizes(t)) for t in op.outputs],
                           inner=inner, extra=extra, extra_items=items,
                           cost=tuple(a + b for a, b in zip(cost(op), calls.work, strict=True)),
-                          workspace=workspace(op, self.threads) if self.cpu else (0, 0, 0),
+                          workspace=(workspace(op, self.threads, self.onednn) if self.cpu
+                                     else (0, 0, 0)),
                           **self.lists(op, graph, depth)))
         return ops, count
 

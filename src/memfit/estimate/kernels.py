@@ -78,6 +78,9 @@ LOOPS = {"While", "StatelessWhile"}
 _CONV_GRADS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
 _L3_BYTES = 30 * 2**20
 _L2_BYTES = 256 * 2**10
+#: The dtypes oneDNN's CPU kernels take over from TensorFlow's for convolutions and pooling
+#: when oneDNN is on (float16 ones stay TensorFlow's on a CPU without float16 units).
+ONEDNN_DTYPES = {"float32", "bfloat16"}
 # Scatter reductions: an output row is read and written for each data row (see cost).
 _SCATTERS = {"UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
              "UnsortedSegmentProd"}
@@ -167,10 +170,9 @@ def widening(op: Any) -> tuple[int, int]:
     return 2 * sum(f for f, _ in parts), 2 * sum(p for _, p in parts)
 
 
-def workspace(op: Any, threads: int) -> tuple[int, int, int]:
+def workspace(op: Any, threads: int, onednn: bool = False) -> tuple[int, int, int]:
     """The buffer a CPU kernel of the training step allocates while it runs, as (fixed,
-    per-sample, most bytes touched). In a ``tf.function`` TensorFlow runs its own
-    kernels (eager ops get oneDNN's instead):
+    per-sample, most bytes touched). With TensorFlow's own kernels:
 
     * the gradients of a 2-D convolution multiply through an im2col buffer of ``shard``
       images sized to a 30 MiB "L3 cache" (TensorFlow's conv_grad_*_ops.cc: a 32->64
@@ -185,15 +187,31 @@ def workspace(op: Any, threads: int) -> tuple[int, int, int]:
       a temporary (:func:`einsum_copies`).
 
     The forward convolution (Eigen) and the depthwise kernels pack in cache-sized
-    blocks: nothing batch-sized."""
+    blocks: nothing batch-sized.
+
+    With ``onednn`` (TensorFlow's default on x86), float32 and bfloat16 convolutions and
+    pooling run oneDNN's kernels (:data:`ONEDNN_DTYPES`; measured one op at a time with
+    ``get_memory_info``): a convolution gradient allocates nothing beyond its result
+    (no im2col buffer), and ``MaxPoolGrad`` runs the pooling again into a pooled
+    output and a one-byte-per-element workspace.
+
+    Args:
+        op: a ``tf.Operation`` of the traced step.
+        threads: TensorFlow's executor threads.
+        onednn: the training process runs oneDNN's kernels.
+    """
     try:
+        mkl = onednn and op.outputs and op.outputs[0].dtype.name in ONEDNN_DTYPES
         if op.type == "MaxPoolGrad":
             f, p = tensor_sizes(op.inputs[1])
-            widen = 1 + 8 // (op.inputs[1].dtype.size or 8)
+            size = op.inputs[1].dtype.size or 8
+            if mkl:
+                return f + f // size, p + p // size, 0
+            widen = 1 + 8 // size
             return f * widen, p * widen, 0
         if op.type == "Einsum":
             return (*einsum_copies(op), 0)
-        if op.type not in _CONV_GRADS:
+        if op.type not in _CONV_GRADS or mkl:
             return 0, 0, 0
         out = op.inputs[2].shape.as_list()
         filt = (op.outputs[0] if op.type == "Conv2DBackpropFilter"
