@@ -6,8 +6,10 @@ size and the measured ``model_bytes``. :func:`fit` solves least squares on relat
 error, then searches for the constants with the smallest mean relative error once the
 margin keeps at most ``under`` of the cases under-estimated.
 
-    >>> rows = [({"exact": 10, "peak": 5, "heap": 5, "mmap": 0, "one": 1, "ops": 2}, 40),
-    ...         ({"exact": 20, "peak": 9, "heap": 9, "mmap": 0, "one": 1, "ops": 2}, 58)]
+    >>> rows = [({"exact": 10, "peak": 5, "heap": 5, "mmap": 0, "pool": 0, "one": 1, "ops": 2},
+    ...          40),
+    ...         ({"exact": 20, "peak": 9, "heap": 9, "mmap": 0, "pool": 0, "one": 1, "ops": 2},
+    ...          58)]
     >>> c = fit(rows)
     >>> max(abs(e) for e in errors(rows, c)) < 0.05
     True
@@ -26,7 +28,7 @@ def solve(rows: list[Row]) -> dict:
     """Least squares on relative error of ``model_bytes`` over ``rows`` (no margin)."""
     import numpy as np
 
-    a = np.array([[f[t] / y for t in FIT_TERMS] for f, y in rows])
+    a = np.array([[f.get(t, 0) / y for t in FIT_TERMS] for f, y in rows])
     b = np.array([(y - f["exact"]) / y for f, y in rows])
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
     return {**dict(zip(FIT_TERMS, (float(c) for c in coef), strict=True)), "margin": 0.0}
@@ -60,13 +62,15 @@ def fit(rows: list[Row], under: float = 0.05) -> dict:
         errs = errors(rows, c)
         return sum(abs(e) for e in errs) / max(len(errs), 1), c
 
-    floor = {"heap": 1.0, "mmap": 1.0, "one": 0.0, "ops": 0.0}
+    floor = {"heap": 1.0, "mmap": 1.0, "pool": 1.0, "one": 0.0, "ops": 0.0}
     lsq = {t: max(v, floor.get(t, v)) for t, v in solve(rows).items()}
     # The search finds a local minimum: start it from least squares and from the best
     # points of a coarse grid, and keep the best it reaches.
-    starts = sorted((score({"heap": h, "mmap": m, "one": o, "ops": p, "margin": 0.0})
+    pools = (1.0, 1.2) if any(f.get("pool") for f, _ in rows) else (1.0,)
+    starts = sorted((score({"heap": h, "mmap": m, "pool": q, "one": o, "ops": p,
+                            "margin": 0.0})
                      for h in (1.0, 1.2, 1.4, 1.6) for m in (1.0, 1.1, 1.2, 1.3)
-                     for o in (0.0, 4e6, 8e6, 12e6) for p in (2e4, 3e4, 4e4)),
+                     for q in pools for o in (0.0, 4e6, 8e6, 12e6) for p in (2e4, 3e4, 4e4)),
                     key=lambda sc: sc[0])[:2]
     reached = [_search(score, floor, *start) for start in (score(lsq), *starts)]
     return min(reached, key=lambda sc: sc[0])[1]

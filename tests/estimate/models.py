@@ -52,3 +52,15 @@ def wide() -> keras.Model:
     return keras.Sequential([keras.Input((2048,)), keras.layers.Dense(2048, activation="relu"),
                              keras.layers.Dense(2048, activation="relu"),
                              keras.layers.Dense(10)], name="wide")
+
+
+def cnn() -> keras.Model:
+    """Three pairs of 3x3 convolutions with max pooling (a small VGG), 32x32x3 inputs."""
+    layers = [keras.Input((32, 32, 3))]
+    for width in (32, 64, 128):
+        layers += [keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+                   keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+                   keras.layers.MaxPooling2D(2)]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(256, activation="relu"),
+               keras.layers.Dense(10)]
+    return keras.Sequential(layers, name="cnn")

@@ -91,6 +91,18 @@ def test_the_constants_and_range_follow_the_kernels_the_training_runs():
         assert "kernels: " in str(e)
 
 
+def test_with_onednn_the_large_buffers_are_played_through_its_pool():
+    # oneDNN's allocator serves buffers of 256 KiB or more from a pool that keeps the
+    # pages it wrote; TensorFlow's own leaves them to glibc (mapped under `fixed`).
+    wide = f"{MODELS}:wide"
+    on = Estimator(wide, allocator="fixed", onednn=True).features(256)
+    off = Estimator(wide, allocator="fixed", onednn=False).features(256)
+    assert off["pool"] == 0 and off["mmap"] > 2 * 2**20
+    assert on["mmap"] < off["mmap"] / 4            # only the buffers under 256 KiB
+    assert on["pool"] >= on["peak"] - on["heap"] - on["mmap"] > 0
+    assert on["peak"] == off["peak"]                # the same tensors, another allocator
+
+
 def test_onednn_is_read_from_the_process_tensorflow_runs_in():
     code = ("from memfit.estimate.training import onednn_enabled; "
             "print(onednn_enabled())")

@@ -10,8 +10,7 @@ The estimate is the sum of parts a user can act on:
   playing the traced step (:mod:`memfit.estimate.graph`), split into **activations**
   (forward tensors kept for the backward pass, in the compute dtype) and **gradients**
   (backward-pass tensors: weight gradients and their temporaries);
-* **input batch**: one batch of inputs and targets; **pipeline**: a ``tf.data`` budget
-  when given (``dataset_budget``: the budget of a ``memfit.dataset``);
+* **input batch**: one batch of inputs and targets; **pipeline**: ``dataset_budget``;
 * **allocator retention**: what glibc's heap arenas and oneDNN's pool keep beyond the
   live tensors, under one **allocator policy** (:mod:`memfit.memory.allocator`):
   ``"default"`` (glibc as it comes: a plain training process) or ``"fixed"`` (glibc's mmap
@@ -68,10 +67,12 @@ __all__ = ["Estimate", "Estimator", "estimate", "FITTED", "FIT_TERMS",
 
 #: The fitted terms of ``model_bytes`` beyond the exact parts (weights, optimizer slots,
 #: input batch, pipeline): ``heap`` × the peak of heap-served step buffers (glibc's
-#: arenas keep them, one arena per thread) and ``mmap`` × the peak of mapped ones,
-#: ``one`` bytes (executor, thread pools, Keras trainer state) and ``ops`` bytes per op
-#: of the traced step (graph, function, kernels); the policy decides which are heap-served.
-FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
+#: arenas keep them, one arena per thread), ``mmap`` × the peak of mapped ones, ``pool``
+#: × the pages of oneDNN's pool the steps wrote (:mod:`memfit.estimate.pool`; 0 with
+#: TensorFlow's own allocator), ``one`` bytes (executor, thread pools, Keras trainer
+#: state) and ``ops`` bytes per op of the traced step (graph, function, kernels); the
+#: policy and kernels decide which buffers are heap-served, mapped or pooled.
+FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "pool", "one", "ops")
 #: Per allocator policy and kernels (:data:`~memfit.estimate.training.KERNELS`):
 #: the coefficients of :data:`FIT_TERMS` and ``margin`` (a share added to the whole, so
 #: that at most 5 % of the cases are under-estimated), fitted on every family of the
@@ -81,23 +82,23 @@ FIT_TERMS: tuple[str, ...] = ("heap", "mmap", "one", "ops")
 #: the same run's k-fold-by-family table (docs/estimate.md, "Out of family").
 FITTED: dict[str, dict[str, dict[str, float]]] = {
     "fixed": {   # 4 steps (0.3 % run to run); 102 cases each
-        "onednn-float32": {"heap": 1.607821, "mmap": 1.0, "one": 7_763_476, "ops": 30_000,
-                           "margin": 0.2038},
-        "onednn-16bit": {"heap": 1.074813, "mmap": 1.460242, "one": 13_794_708,
-                         "ops": 27_136, "margin": 0.1963},
+        "onednn-float32": {"heap": 1.182212, "mmap": 1.0, "pool": 1.0, "one": 7_493_462,
+                           "ops": 34_776, "margin": 0.1155},
+        "onednn-16bit": {"heap": 1.038495, "mmap": 1.020421, "pool": 1.0, "one": 7_410_000,
+                         "ops": 29_930, "margin": 0.2099},
         # Fitted on the first 60-case panel (benchmarks/estimate_accuracy.py), measured on
         # a CPU oneDNN was not used on; judged on the family panel with oneDNN off.
-        "tensorflow": {"heap": 1.277361, "mmap": 1.0, "one": 6_951_929, "ops": 31_009,
-                       "margin": 0.029},
+        "tensorflow": {"heap": 1.277361, "mmap": 1.0, "pool": 1.0, "one": 6_951_929,
+                       "ops": 31_009, "margin": 0.029},
     },
     "default": {   # glibc as it comes (5 % run to run); 102 cases each, measured once
-        "onednn-float32": {"heap": 1.036875, "mmap": 1.089894, "one": 14_043_655,
-                           "ops": 28_133, "margin": 0.239},
-        "onednn-16bit": {"heap": 1.722673, "mmap": 1.0, "one": 12_653_599, "ops": 28_500,
-                         "margin": 0.2002},
+        "onednn-float32": {"heap": 1.254865, "mmap": 1.0, "pool": 1.0, "one": 12_121_538,
+                           "ops": 30_000, "margin": 0.1932},
+        "onednn-16bit": {"heap": 1.025811, "mmap": 1.0, "pool": 1.0, "one": 17_810_821,
+                         "ops": 28_894, "margin": 0.1729},
         # The first panel, as above; not measured on the family panel under this policy.
-        "tensorflow": {"heap": 1.340642, "mmap": 1.0, "one": 21_945_814, "ops": 26_108,
-                       "margin": 0.2236},
+        "tensorflow": {"heap": 1.340642, "mmap": 1.0, "pool": 1.0, "one": 21_945_814,
+                       "ops": 26_108, "margin": 0.2236},
     },
 }
 MAX_BATCH = 1 << 24
@@ -107,28 +108,32 @@ def resident_tensors(features: dict[str, float], constants: dict[str, float]) ->
     """The resident memory of the step's tensors under one policy's constants.
 
     Example:
-        >>> resident_tensors({"heap": 10, "mmap": 30}, {"heap": 1.5, "mmap": 1.0})
+        >>> resident_tensors({"heap": 10, "mmap": 30, "pool": 0},
+        ...                  {"heap": 1.5, "mmap": 1.0, "pool": 1.0})
         45.0
 
     Args:
-        features: ``heap`` and ``mmap``: the peaks of heap-served and mapped buffers.
-        constants: their scales, ``heap`` and ``mmap``.
+        features: ``heap`` and ``mmap``: the peaks of heap-served and mapped buffers;
+            ``pool``: the pages of oneDNN's pool written (0 without it).
+        constants: their scales, ``heap``, ``mmap`` and ``pool``.
     """
-    return constants["heap"] * features["heap"] + constants["mmap"] * features["mmap"]
+    return (constants["heap"] * features["heap"] + constants["mmap"] * features["mmap"]
+            + constants["pool"] * features.get("pool", 0))
 
 
 def predict_from_features(features: dict[str, float], constants: dict[str, float]) -> int:
     """``model_bytes`` from :meth:`Estimator.features` and one policy's :data:`FITTED`.
 
     Example:
-        >>> f = {"exact": 100, "peak": 50, "heap": 10, "mmap": 40, "one": 1, "ops": 2}
-        >>> predict_from_features(f, {"heap": 2, "mmap": 1, "one": 5, "ops": 1,
+        >>> f = {"exact": 100, "peak": 50, "heap": 10, "mmap": 40, "pool": 0, "one": 1,
+        ...      "ops": 2}
+        >>> predict_from_features(f, {"heap": 2, "mmap": 1, "pool": 1, "one": 5, "ops": 1,
         ...                           "margin": 0.0})
         167
 
     Args:
         features: ``exact`` (weights, slots, input batch, pipeline), ``peak`` (live step
-            tensors at the peak), ``heap``, ``mmap``, ``one`` (1) and ``ops``.
+            tensors at the peak), ``heap``, ``mmap``, ``pool``, ``one`` (1) and ``ops``.
         constants: the coefficients of the policy's :data:`FIT_TERMS` and ``margin``.
     """
     resident = resident_tensors(features, constants)
@@ -369,12 +374,20 @@ class Estimator:
             variables += list(inner.variables)
         self.slots = param_bytes(variables)
         self.per_sample_input = batch_bytes(self.setup.inputs) + batch_bytes(self.setup.targets)
+        # oneDNN's pool serves the step's large buffers (on the CPU); it holds the
+        # variables and slots first, in the order they were made.
+        self.pooled = self.kernels != "tensorflow" and self.device == "cpu"
+        self.kept = [param_bytes([v]) for v in [*m.weights, *variables]]
         self.layers = tuple(layer_rows(m, self.step))
         self.baseline, self.baseline_source = framework_baseline(self.device)
 
     def _peak(self, batch_size: int, played_at: int | None = None) -> Any:
         threshold = FIXED_MMAP_THRESHOLD if self.allocator == "fixed" else None
-        return self.step.peak(batch_size, mmap_threshold=threshold, played_at=played_at)
+        if not self.pooled:
+            return self.step.peak(batch_size, mmap_threshold=threshold, played_at=played_at)
+        return self.step.peak(batch_size, mmap_threshold=threshold, played_at=played_at,
+                              pool=True, kept=self.kept,
+                              step_inputs=[self.per_sample_input])
 
     def features(self, batch_size: int, played_at: int | None = None) -> dict[str, float]:
         """The raw terms of the estimate at ``batch_size`` (bytes), before the fitted
@@ -391,7 +404,8 @@ class Estimator:
         """
         peak = self._peak(batch_size, played_at)
         return {"exact": self.exact(batch_size), "peak": peak.bytes, "heap": peak.heap_bytes,
-                "mmap": peak.mmap_bytes, "one": 1, "ops": self.step.graph_ops}
+                "mmap": peak.mmap_bytes, "pool": peak.pool_bytes, "one": 1,
+                "ops": self.step.graph_ops}
 
     def exact(self, batch_size: int) -> int:
         """The bytes counted exactly at ``batch_size``: weights, optimizer slots, the
@@ -401,7 +415,8 @@ class Estimator:
     def _parts(self, batch_size: int) -> dict:
         peak = self._peak(batch_size)
         c = self.constants
-        resident = resident_tensors({"heap": peak.heap_bytes, "mmap": peak.mmap_bytes}, c)
+        resident = resident_tensors({"heap": peak.heap_bytes, "mmap": peak.mmap_bytes,
+                                     "pool": peak.pool_bytes}, c)
         parts = {"gradients": peak.backward_bytes,
                  "activations": peak.bytes - peak.backward_bytes,
                  "allocator": max(0, int(resident) - peak.bytes),

@@ -36,7 +36,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from memfit import checks
@@ -121,7 +121,8 @@ class StepGraph:
         return self._events[key]
 
     def peak(self, batch_size: int, mmap_threshold: int | None = None, *,
-             played_at: int | None = None) -> Peak:
+             played_at: int | None = None, pool: bool = False, kept: Iterable[int] = (),
+             step_inputs: Iterable[int] = ()) -> Peak:
         """The simulated peak of live tensor bytes at ``batch_size``, and the peaks of
         the buffers glibc serves from its heap and from ``mmap`` (see
         :class:`~memfit.estimate.schedule.Peak`).
@@ -135,12 +136,15 @@ class StepGraph:
                 the play at this batch size, with every buffer sized at
                 ``batch_size`` (``None``: played at ``batch_size``). The peak is then
                 non-decreasing in ``batch_size``.
+            pool, kept, step_inputs: the process allocates through oneDNN's pool; the
+                buffers it keeps, and the bytes per sample of those each step takes
+                first (see :func:`~memfit.estimate.schedule.peak`).
         """
         first = self._first_backward()
         at = batch_size if played_at is None else played_at
         return peak(self.schedule(at), batch_size, mmap_threshold,
                     is_backward=lambda name: self._index.get(name, first) >= first,
-                    split_batch=played_at)
+                    split_batch=played_at, pool=pool, kept=kept, step_inputs=step_inputs)
 
     def _first_backward(self) -> int:
         """Creation index of the first backward op: ops made before it are the forward

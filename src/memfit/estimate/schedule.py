@@ -31,10 +31,11 @@ import collections
 import dataclasses
 import heapq
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
 from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
+from memfit.estimate.pool import POOL_THRESHOLD, PoolPeak, play_pool
 
 __all__ = ["Op", "Buffer", "Event", "Executor", "Peak", "peak", "prune", "executor_threads",
            "MMAP_THRESHOLD_MAX"]
@@ -317,6 +318,11 @@ class Peak:
             heap once the step has run (at most :data:`MMAP_THRESHOLD_MAX`, or the
             largest buffer): memory glibc keeps after they are freed.
         mmap_bytes: the peak of live larger buffers, which glibc maps and unmaps.
+        pool_bytes: with oneDNN's allocator, the pages of its pool the steps wrote,
+            beyond the kept buffers (:func:`~memfit.estimate.pool.play_pool`): it serves
+            the buffers of :data:`~memfit.estimate.pool.POOL_THRESHOLD` or more, which
+            are then in neither ``heap_bytes`` nor ``mmap_bytes``.
+        pool_in_use: the pool's peak of bytes in use during a step.
     """
 
     bytes: int
@@ -326,10 +332,18 @@ class Peak:
     by_layer: dict[str, int]
     heap_bytes: int = 0
     mmap_bytes: int = 0
+    pool_bytes: int = 0
+    pool_in_use: int = 0
+
+
+#: Training steps the pool is played through (the pages it touches add up over steps).
+POOL_STEPS = 4
 
 
 def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
-         is_backward: Callable[[str], bool], split_batch: int | None = None) -> Peak:
+         is_backward: Callable[[str], bool], split_batch: int | None = None,
+         pool: bool = False, kept: Iterable[int] = (),
+         step_inputs: Iterable[int] = ()) -> Peak:
     """The peak of live bytes over ``events`` at ``batch_size``, and the peaks of the
     buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
 
@@ -346,45 +360,81 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
             held, every peak is non-decreasing in ``batch_size`` (what the estimate's
             high end needs: a buffer that crosses the threshold would otherwise move
             from the heap's scale to the mapped one).
+        pool: the process allocates through oneDNN's pool (:mod:`memfit.estimate.pool`),
+            played over :data:`POOL_STEPS` steps.
+        kept: the pool's buffers made before the step and kept (variables, slots).
+        step_inputs: the bytes per sample of the buffers each step takes first (the
+            input batch).
+
+    With ``split_batch``, the pool is played with the buffers sized at ``split_batch``
+    too, and its pages scale with the peak of the pooled buffers at ``batch_size``: the
+    pool's placement changes with the sizes (it can need fewer pages for larger
+    buffers), its share of waste is kept from the play.
     """
     split_at = batch_size if split_batch is None else split_batch
     threshold = _largest_heap_buffer(events, split_at, mmap_threshold)
 
-    def mapped_by_glibc(b: Buffer) -> bool:
+    def served_by(b: Buffer) -> str:
+        """``pool`` (oneDNN's pool), ``mapped`` (glibc maps it) or ``heap``."""
         size = tensor_bytes(b.fixed, b.per, b.cap, split_at)
-        if b.items:       # an accumulator: many tensors, each its own allocation
-            return mmap_threshold is not None and size // b.items > threshold
-        return size > threshold
+        each = size // max(b.items, 1)      # an accumulator: many tensors, each its own
+        if pool and each >= POOL_THRESHOLD:
+            return "pool"
+        if b.items:
+            return "mapped" if mmap_threshold is not None and each > threshold else "heap"
+        return "mapped" if size > threshold else "heap"
 
-    live: dict[int, tuple[int, str, bool]] = {}
-    total = heap = mapped = 0
+    live: dict[int, tuple[int, str, str]] = {}
+    total = 0
+    by_kind = dict.fromkeys(("heap", "mapped", "pool"), 0)
+    peaks = dict(by_kind)
+    pool_events: list[tuple[list[tuple[Hashable, int]], list[Hashable]]] = []
+    pieces: dict[int, list[Hashable]] = {}     # a pooled buffer: the pool's allocations
+    played_size: dict[int, int] = {}           # a pooled buffer's size at split_at
+    at_split = split_peak = 0                  # pooled bytes live at split_at sizes
     best, best_at, best_live = -1, "", {}
-    heap_peak = mapped_peak = 0
     for op, allocated, freed in events:
+        pooled: list[tuple[Hashable, int]] = []
         for b in allocated:
             size = tensor_bytes(b.fixed, b.per, b.cap, batch_size)
-            is_mapped = mapped_by_glibc(b)
-            live[b.id] = (size, b.owner, is_mapped)
+            kind = served_by(b)
+            live[b.id] = (size, b.owner, kind)
             total += size
-            if is_mapped:
-                mapped += size
-            else:
-                heap += size
-        heap_peak = max(heap_peak, heap)
-        mapped_peak = max(mapped_peak, mapped)
+            by_kind[kind] += size
+            if kind == "pool":
+                n = max(b.items, 1)
+                pieces[b.id] = [(b.id, i) for i in range(n)]
+                played_size[b.id] = tensor_bytes(b.fixed, b.per, b.cap, split_at)
+                pooled += [(piece, played_size[b.id] // n) for piece in pieces[b.id]]
+                at_split += played_size[b.id]
+        for kind, n in by_kind.items():
+            peaks[kind] = max(peaks[kind], n)
+        split_peak = max(split_peak, at_split)
         if total > best:
             best, best_at, best_live = total, op.name, dict(live)
+        unpooled: list[Hashable] = []
         for b_id in freed:
-            size, _, is_mapped = live.pop(b_id)
+            size, _, kind = live.pop(b_id)
             total -= size
-            if is_mapped:
-                mapped -= size
-            else:
-                heap -= size
+            by_kind[kind] -= size
+            if kind == "pool":
+                unpooled += pieces.pop(b_id)
+                at_split -= played_size.pop(b_id)
+        if pool:
+            pool_events.append((pooled, unpooled))
+    inputs = sum(step_inputs)
+    the_pool = (play_pool([pool_events] * POOL_STEPS, kept=kept,
+                          step_inputs=[per * split_at for per in step_inputs])
+                if pool else PoolPeak())
+    pages = the_pool.touched
+    if pool and split_at != batch_size and split_peak + inputs:
+        pages = round(pages * (peaks["pool"] + inputs * batch_size)
+                      / (split_peak + inputs * split_at))
     backward, forward, by_layer = _by_pass(best_live.values(), is_backward)
     return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
-                forward_bytes=forward, by_layer=by_layer, heap_bytes=heap_peak,
-                mmap_bytes=mapped_peak)
+                forward_bytes=forward, by_layer=by_layer, heap_bytes=peaks["heap"],
+                mmap_bytes=peaks["mapped"], pool_bytes=pages,
+                pool_in_use=the_pool.in_use)
 
 
 def _largest_heap_buffer(events: list[Event], batch_size: int,
