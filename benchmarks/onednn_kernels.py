@@ -73,6 +73,15 @@ def main() -> None:
     for dtype in (tf.float32, tf.float16):
         measure(f"MatMul {dtype.name}, 4096x2048 @ 2048x2048", lambda a, b: tf.matmul(a, b),
                 normal(4096, 2048, dtype=dtype), normal(2048, 2048, dtype=dtype))
+    measure("MatMul float16, 32x8192 @ 8192x8192", lambda a, b: tf.matmul(a, b),
+            normal(32, 8192, dtype=tf.float16), normal(8192, 8192, dtype=tf.float16))
+    measure("BatchMatMul float16, 64x8x256x64 @ (64x8x256x64)T",
+            lambda a, b: tf.matmul(a, b, transpose_b=True),
+            normal(64, 8, 256, 64, dtype=tf.float16), normal(64, 8, 256, 64, dtype=tf.float16))
+    for dtype in (tf.float32, tf.float16):
+        measure(f"Einsum {dtype.name}, BTNH,BSNH->BNTS (64, 256, 8, 64)",
+                lambda a, b: tf.einsum("BTNH,BSNH->BNTS", a, b),
+                normal(64, 256, 8, 64, dtype=dtype), normal(64, 256, 8, 64, dtype=dtype))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ model and batch size.
 Needs oneDNN on (TensorFlow's default on x86): without it the CPU has no allocator stats.
 
     TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python benchmarks/onednn_pool_play.py
-    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python benchmarks/onednn_pool_play.py vgg_tiny:64
+    TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python benchmarks/onednn_pool_play.py vgg_tiny:64 \
+        mlp_8192:32:mixed_float16          # MODEL:BATCH[:DTYPE POLICY]
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from estimate_family_models import FAMILIES
 from memfit.estimate import Estimator
 from memfit.estimate.training import make_batch, prepare
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
-name, b = sys.argv[2], int(sys.argv[3])
+name, b, policy = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 shape = {n: s for cases in FAMILIES.values() for n, _, s in cases}[name]
 source = f"{sys.argv[1]}/estimate_family_models.py:{name}"
-setup = prepare(source, input_shape=shape)
+setup = prepare(source, input_shape=shape, dtype_policy=policy)
 x, y = make_batch(setup, b)
 real = []
 for _ in range(4):
@@ -45,7 +46,8 @@ for _ in range(4):
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     setup.model.train_on_batch(x, y)
     real.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
-est = Estimator(source, input_shape=shape, allocator="fixed", onednn=True)
+est = Estimator(source, input_shape=shape, allocator="fixed", onednn=True,
+                dtype_policy=policy)
 played = est.step.peak(b, FIXED_MMAP_THRESHOLD, pool=True, kept=est.kept,
                        step_inputs=[est.per_sample_input])
 print("RESULT " + json.dumps({"real": real, "played": played.pool_in_use,
@@ -55,9 +57,10 @@ print("RESULT " + json.dumps({"real": real, "played": played.pool_in_use,
 
 def run(case: str) -> dict:
     """One case in its own process: the real pool's step peaks and the played pool's."""
-    name, batch = case.split(":")
+    name, batch, *policy = case.split(":")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), name, batch], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), name, batch,
+                          *(policy or ["float32"])], env=env,
                          capture_output=True, text=True, timeout=900)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
