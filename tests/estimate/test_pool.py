@@ -78,3 +78,20 @@ def test_the_play_sends_buffers_of_256_kib_or_more_to_the_pool_only():
     # TensorFlow's own allocator (oneDNN off): no pool, glibc maps the large buffer too.
     p = peak(events, 1, 128 * 2**10, is_backward=lambda name: False)
     assert p.mmap_bytes == small + large and p.pool_bytes == p.pool_in_use == 0
+
+
+def test_the_pool_is_played_once_per_play_and_scaled_to_the_batch():
+    # The estimate's high end asks for one play (here at batch 2) at many batch sizes:
+    # the pool is played with that play's sizes once, and its pages scale to the batch.
+    ops = [Op(0, "x", "Mul", [], [], [("x:0", 0, POOL_THRESHOLD)]),
+           Op(1, "y", "Mul", ["x:0"], [], [("y:0", 0, POOL_THRESHOLD)]),
+           Op(2, "z", "Mul", ["y:0"], [], [("z:0", 8, 0)])]
+    events = Executor(ops, {"z:0"}, threads=1, batch_size=2).play()
+    memo: dict = {}
+    at = [peak(events, b, None, is_backward=lambda name: False, split_batch=2, pool=True,
+               memo=memo) for b in (2, 4, 8)]
+    assert len(memo) == 1
+    assert [p.pool_bytes for p in at] == [
+        peak(events, b, None, is_backward=lambda name: False, split_batch=2,
+             pool=True).pool_bytes for b in (2, 4, 8)]
+    assert at[0].pool_bytes < at[1].pool_bytes < at[2].pool_bytes

@@ -93,6 +93,7 @@ class StepGraph:
         self.threads = executor_threads() if threads is None else checks.count(
             "threads", threads, example=2)
         self._events: dict[int, list[Event]] = {}     # batch size (0: any) -> the play
+        self._pools: dict[int, dict] = {}             # the same key -> its pools played
         self._index = {op.name: op.index for op in ops}
 
     def layer_of(self, op_name: str, layer_names: set[str]) -> str | None:
@@ -114,7 +115,7 @@ class StepGraph:
         """The play of the step's ops at ``batch_size``: an event when each op starts and
         one when it ends, in time order (:class:`~memfit.estimate.schedule.Executor`).
         With one thread the order does not depend on the batch size (played once)."""
-        key = batch_size if self.threads > 1 else 0
+        key = self._play_key(batch_size)
         if key not in self._events:
             self._events[key] = Executor(self.run_ops, self.fetches, threads=self.threads,
                                          batch_size=batch_size).play()
@@ -144,7 +145,13 @@ class StepGraph:
         at = batch_size if played_at is None else played_at
         return peak(self.schedule(at), batch_size, mmap_threshold,
                     is_backward=lambda name: self._index.get(name, first) >= first,
-                    split_batch=played_at, pool=pool, kept=kept, step_inputs=step_inputs)
+                    split_batch=played_at, pool=pool, kept=kept, step_inputs=step_inputs,
+                    memo=self._pools.setdefault(self._play_key(at), {}))
+
+    def _play_key(self, batch_size: int) -> int:
+        """Which play a batch size gets: its own, or with one thread the one play (the
+        order does not depend on the batch size)."""
+        return batch_size if self.threads > 1 else 0
 
     def _first_backward(self) -> int:
         """Creation index of the first backward op: ops made before it are the forward

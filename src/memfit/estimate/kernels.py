@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["PROBE_BATCH", "BYTE_COST", "OP_COST", "VIEWS", "FORWARDING", "CONVOLUTIONS",
            "MATMULS", "PURE", "LOOPS", "tensor_bytes", "tensor_sizes", "workspace",
-           "widening", "cost", "list_buffer", "list_items", "einsum_copies"]
+           "widening", "cost", "list_buffer", "list_items", "einsum_copies", "ONEDNN_DTYPES"]
 
 PROBE_BATCH = 997          # a prime that no layer dimension is likely to be a multiple of
 # An op's duration (see cost): a byte moved costs as much as this many multiply-adds,
@@ -201,7 +201,7 @@ def workspace(op: Any, threads: int, onednn: bool = False) -> tuple[int, int, in
         onednn: the training process runs oneDNN's kernels.
     """
     try:
-        mkl = onednn and op.outputs and op.outputs[0].dtype.name in ONEDNN_DTYPES
+        mkl = bool(onednn and op.outputs and op.outputs[0].dtype.name in ONEDNN_DTYPES)
         if op.type == "MaxPoolGrad":
             f, p = tensor_sizes(op.inputs[1])
             size = op.inputs[1].dtype.size or 8

@@ -342,8 +342,8 @@ POOL_STEPS = 4
 
 def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
          is_backward: Callable[[str], bool], split_batch: int | None = None,
-         pool: bool = False, kept: Iterable[int] = (),
-         step_inputs: Iterable[int] = ()) -> Peak:
+         pool: bool = False, kept: Iterable[int] = (), step_inputs: Iterable[int] = (),
+         memo: dict | None = None) -> Peak:
     """The peak of live bytes over ``events`` at ``batch_size``, and the peaks of the
     buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
 
@@ -365,6 +365,9 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
         kept: the pool's buffers made before the step and kept (variables, slots).
         step_inputs: the bytes per sample of the buffers each step takes first (the
             input batch).
+        memo: a dict kept by the caller across calls with the same ``events``: the
+            pool's play depends on ``split_batch`` only, so it is played once for each
+            (the estimate's high end asks for the same play at many batch sizes).
 
     With ``split_batch``, the pool is played with the buffers sized at ``split_batch``
     too, and its pages scale with the peak of the pooled buffers at ``batch_size``: the
@@ -401,15 +404,14 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
             live[b.id] = (size, b.owner, kind)
             total += size
             by_kind[kind] += size
+            peaks[kind] = max(peaks[kind], by_kind[kind])
             if kind == "pool":
                 n = max(b.items, 1)
                 pieces[b.id] = [(b.id, i) for i in range(n)]
                 played_size[b.id] = tensor_bytes(b.fixed, b.per, b.cap, split_at)
                 pooled += [(piece, played_size[b.id] // n) for piece in pieces[b.id]]
                 at_split += played_size[b.id]
-        for kind, n in by_kind.items():
-            peaks[kind] = max(peaks[kind], n)
-        split_peak = max(split_peak, at_split)
+                split_peak = max(split_peak, at_split)
         if total > best:
             best, best_at, best_live = total, op.name, dict(live)
         unpooled: list[Hashable] = []
@@ -422,10 +424,18 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
                 at_split -= played_size.pop(b_id)
         if pool:
             pool_events.append((pooled, unpooled))
+    kept, step_inputs = tuple(kept), tuple(step_inputs)
     inputs = sum(step_inputs)
-    the_pool = (play_pool([pool_events] * POOL_STEPS, kept=kept,
-                          step_inputs=[per * split_at for per in step_inputs])
-                if pool else PoolPeak())
+    key = (split_at, mmap_threshold, kept, step_inputs)
+    if not pool:
+        the_pool = PoolPeak()
+    elif memo is not None and key in memo:
+        the_pool = memo[key]
+    else:
+        the_pool = play_pool([pool_events] * POOL_STEPS, kept=kept,
+                             step_inputs=[per * split_at for per in step_inputs])
+        if memo is not None:
+            memo[key] = the_pool
     pages = the_pool.touched
     if pool and split_at != batch_size and split_peak + inputs:
         pages = round(pages * (peaks["pool"] + inputs * batch_size)

@@ -34,8 +34,9 @@ DEFAULT_OPTIMIZER = "adam"
 #: The kernels a training step runs, for which the estimate's fitted constants and range
 #: are kept apart: oneDNN's (TensorFlow's default on x86 CPUs with AVX-512 VNNI and newer:
 #: large buffers come from its pool, which keeps what it grew to), for a 32-bit or a 16-bit
-#: step (``mixed_float16``, ``mixed_bfloat16``...: its float16 kernels keep far more), or
-#: TensorFlow's own (``TF_ENABLE_ONEDNN_OPTS=0``, or a CPU oneDNN is not used on).
+#: step (``mixed_float16``, ``mixed_bfloat16``...: float16 convolutions run TensorFlow's
+#: kernels, float16 MatMuls multiply float32 copies), or TensorFlow's own
+#: (``TF_ENABLE_ONEDNN_OPTS=0``, or a CPU oneDNN is not used on).
 KERNELS: tuple[str, ...] = ("onednn-float32", "onednn-16bit", "tensorflow")
 
 
