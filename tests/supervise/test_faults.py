@@ -61,6 +61,28 @@ def _when(out: Path, phase: str, action) -> threading.Thread:
     return thread
 
 
+def _after_checkpoint_in(out: Path, phase: str, action) -> threading.Thread:
+    """Runs ``action(pid)`` once, when the training is back in ``phase`` after a
+    checkpoint written in it (read from its phase log, which misses no change)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                names = [(name, pid) for _, pid, name, _ in faults.phase_log(out)]
+            except (OSError, ValueError):
+                names = []
+            for i in range(2, len(names)):
+                if [n for n, _ in names[i - 2:i + 1]] == [phase, "checkpoint", phase]:
+                    action(names[i][1])
+                    return
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_kill_after_an_epochs_last_step_checkpoint_resumes(data, reference, tmp_path):
     """checkpoint_every divides the epoch's steps: the step-20 checkpoint is written, then
     the process dies while validating. The resume skips every step of that epoch (none
@@ -68,7 +90,7 @@ def test_a_kill_after_an_epochs_last_step_checkpoint_resumes(data, reference, tm
     the uninterrupted run's logs; it used to crash-loop on "metric has not yet been
     built"."""
     out = tmp_path / "out"
-    watcher = _when(out, "epoch-end", lambda pid: os.kill(pid, signal.SIGKILL))
+    watcher = _after_checkpoint_in(out, "epoch-end", lambda pid: os.kill(pid, signal.SIGKILL))
     result = memfit.run(faults.command(data, out, "divides", EPOCHS), workdir=tmp_path / "wd",
                         backoff=0.0, out=False)
     watcher.join()

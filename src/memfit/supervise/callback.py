@@ -11,6 +11,15 @@ after the current step and leaves the process at once with the exit code that sa
 why (:mod:`memfit.exitcodes`). A checkpoint that cannot be written stops the run with
 ``memfit.exitcodes.CHECKPOINT_FAILED`` (74).
 
+The other callbacks of ``fit`` are part of the training: their state goes into every
+checkpoint and back on resume (:mod:`memfit.supervise.callback_state`). So that it is
+all of them, the checkpoint is taken after every callback has run for that step or
+epoch, the state is put back after every callback's own ``on_train_begin``, and a
+resumed epoch's repeated start and skipped steps are not shown to the callbacks whose
+state already holds them (:mod:`memfit.supervise.fit_hooks`). A training that had
+stopped (``EarlyStopping``) trains no further when resumed. ``BackupAndRestore``
+beside a session is refused: both would restore the model.
+
 Example:
     >>> with memfit.session(seed=42) as s:                              # doctest: +SKIP
     ...     model.fit(train, epochs=10, callbacks=[s.callback])
@@ -30,7 +39,7 @@ import numpy as np
 from memfit import exitcodes
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
-from memfit.supervise import rng
+from memfit.supervise import callback_state, fit_hooks, rng
 from memfit.supervise.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -44,7 +53,8 @@ from memfit.supervise.metrics import (
     scalar_logs,
 )
 from memfit.supervise.preempt import SigtermGuard
-from memfit.supervise.snapshot import fingerprint, load_model, save_model
+from memfit.supervise.protocol import SessionConfigError
+from memfit.supervise.snapshot import fingerprint, load_arrays, load_model, save_model
 from memfit.supervise.state import CheckpointState
 from memfit.workdir import Workdir
 
@@ -94,10 +104,114 @@ class SessionCallback(keras.callbacks.Callback):
         self._original_train_function: Any = None
         self._restore_metrics: list[np.ndarray] | None = None
         self._restored = False
-        self._epoch_done = False
         self._in_fit = False
         self._train_metrics: list[np.ndarray] | None = None
         self._sigterm = SigtermGuard(session.preempt)
+        # fit's callback list (fit_hooks), the checkpoint this fit resumes from, the
+        # other callbacks' state to save while validating, and what was warned about.
+        self._list: Any = None
+        self._hooked: set[int] = set()
+        self._ckpt: Checkpoint | None = None
+        self._csv_undo: list = []
+        self._replay_epoch_begin = False
+        self._test_callbacks: tuple | None = None
+        self._watcher: callback_state.Watcher | None = None
+        self._warned: set[str] = set()
+        self._epoch_logs: dict | None = None
+
+    # Seeing the other callbacks ------------------------------------------------------------
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        found = fit_hooks.find_list(self)
+        if found is not None and fit_hooks.install(found, self):
+            self._hooked.add(id(found))
+
+    def _others(self) -> list:
+        return list(self._list.callbacks) if self._list is not None else []
+
+    def before_train_begin(self, callbacks: Any) -> None:
+        """Before any callback's ``on_train_begin`` (:mod:`memfit.supervise.fit_hooks`)."""
+        self._list = callbacks
+        for cb in callbacks.callbacks:
+            if isinstance(cb, keras.callbacks.BackupAndRestore):
+                raise SessionConfigError(
+                    "keras.callbacks.BackupAndRestore cannot run beside memfit.session(): "
+                    "both restore the model when fit begins, and its backup would be "
+                    "loaded over the session's checkpoint. Remove it from fit's callbacks; "
+                    "the session's checkpoints hold what it saves (weights, optimizer, "
+                    "epoch) and the step, RNGs, data position and callback states too.")
+        if self._restored:
+            return
+        self._ckpt = self.session.store.recover()
+        saved = self._ckpt.contents if self._ckpt is not None else None
+        if saved is not None and saved.callbacks is not None:
+            self._csv_undo = callback_state.prepare_csv_loggers(callbacks.callbacks,
+                                                                saved.callbacks)
+        if saved is not None:
+            self._warned.update(saved.inexact)
+
+    def after_train_begin(self, callbacks: Any) -> None:
+        """After every callback's ``on_train_begin``: their saved state goes back."""
+        for cb, append in self._csv_undo:
+            cb.append = append
+        self._csv_undo = []
+        ckpt, self._ckpt = self._ckpt, None
+        self._watcher = callback_state.Watcher(callbacks.callbacks)
+        if ckpt is None:
+            return
+        saved = ckpt.contents
+        if saved.callbacks is not None:
+            arrays = load_arrays(ckpt, callback_state.ARRAY_PREFIX)
+            for problem in callback_state.restore(callbacks.callbacks, saved.callbacks,
+                                                  arrays):
+                print(f"memfit: warning: {problem}; the resume is inexact for it.",
+                      file=sys.stderr)
+        self._replay_epoch_begin = saved.step > 0 and not saved.stopped
+        if saved.stopped:
+            # fit reads the first epoch after on_train_begin: run none.
+            self.model._initial_epoch = max(saved.epoch, int(self.params.get("epochs", 0)))
+
+    def replaying(self, hook: str) -> bool:
+        """Whether ``hook`` (``"epoch_begin"``, ``"batch_begin"``, ``"batch_end"``) now
+        replays what the checkpoint already holds (a resumed epoch's start, a skipped
+        step)."""
+        if hook == "epoch_begin":
+            replay, self._replay_epoch_begin = self._replay_epoch_begin, False
+            return replay
+        if hook == "batch_begin":
+            return self._skip > 0
+        return self._original_train_function is not None
+
+    def hidden(self, callback: Any) -> bool:
+        """Whether ``callback`` is left out of replayed hooks: its state was restored."""
+        return callback_state.handled(callback)
+
+    def _callback_state(self) -> tuple[dict | None, dict[str, np.ndarray], tuple[str, ...]]:
+        """The other callbacks' state to save, the arrays it refers to, and every callback
+        warned about so far (warning here about those not seen before)."""
+        if self._list is None:
+            return None, {}, tuple(sorted(self._warned))
+        if self._test_callbacks is not None:        # validating: the state before it
+            state, arrays, failed = self._test_callbacks
+        else:
+            state, arrays, failed = callback_state.capture(self._others())
+        changed = self._watcher.changed() if self._watcher is not None else []
+        for line in failed:
+            name = line.split(":", 1)[0]
+            if name not in self._warned:
+                self._warned.add(name)
+                print(f"memfit: warning: the state of callback {line} cannot be saved; a "
+                      f"restart starts it from scratch, so the resume is inexact for it.",
+                      file=sys.stderr)
+        for name, attributes in changed:
+            if name not in self._warned:
+                self._warned.add(name)
+                print(f"memfit: warning: callback {name} keeps state memfit cannot save "
+                      f"(changed during training: {', '.join(attributes)}); a restart "
+                      f"starts it from scratch, so the resume is inexact for it. Give "
+                      f"{name} get_state() and set_state(state) to make it exact.",
+                      file=sys.stderr)
+        return state, arrays, tuple(sorted(self._warned))
 
     # Restoring ----------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -107,7 +221,12 @@ class SessionCallback(keras.callbacks.Callback):
             return
         self._restored = True
         s = self.session
-        ckpt = s.store.recover()
+        if self._list is None:          # fit_hooks did not find fit's callback list
+            print(f"memfit: warning: the session cannot see fit's other callbacks in this "
+                  f"Keras ({keras.__version__}); their state is not saved, so a resume is "
+                  f"inexact for any that keeps one.", file=sys.stderr)
+            self._warned.add("*")
+        ckpt = self._ckpt if self._ckpt is not None else s.store.recover()
         if ckpt is not None:
             self._restore(ckpt)
         s.check_baseline()
@@ -173,8 +292,6 @@ class SessionCallback(keras.callbacks.Callback):
             self._original_train_function = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if self._epoch_done:
-            self._maybe_restart()
         self._position = (epoch, self._position[1] if epoch == self._position[0] else 0)
 
     # Checkpointing ------------------------------------------------------------------------
@@ -183,6 +300,14 @@ class SessionCallback(keras.callbacks.Callback):
             return          # a skipped step: nothing new to save
         epoch = self._position[0]
         self._position = (epoch, batch + 1)
+        if id(self._list) not in self._hooked:
+            self.after_train_batch_end(batch)
+
+    def after_train_batch_end(self, batch: int) -> None:
+        """After every callback's ``on_train_batch_end``: checkpoint if due, exit if a
+        restart is asked."""
+        if self._skip > 0 or self._original_train_function is not None:
+            return
         s = self.session
         reason = s.pending_restart()
         if reason is not None:
@@ -196,6 +321,8 @@ class SessionCallback(keras.callbacks.Callback):
         # so their training states are kept aside for a checkpoint taken during it.
         if self._in_fit:
             self._train_metrics = read_metrics(self.model)
+            if self._list is not None:
+                self._test_callbacks = callback_state.capture(self._others())
 
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
         s = self.session
@@ -208,28 +335,34 @@ class SessionCallback(keras.callbacks.Callback):
 
     def on_test_end(self, logs: dict | None = None) -> None:
         self._train_metrics = None
+        self._test_callbacks = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        s = self.session
-        for key, value in scalar_logs(logs).items():
-            s.history.setdefault(key, []).append(value)
+        # The list hands every callback this one dict; callbacks after this one add to
+        # it (ReduceLROnPlateau its learning_rate), so it is read once all have run.
+        self._epoch_logs = logs
         self._position = (epoch + 1, 0)
         self._epochs_here += 1
-        self._save("epoch")
-        # A restart waits for the next epoch's start: the other callbacks are done with
-        # this epoch then (the progress bar has printed it, ReduceLROnPlateau has set
-        # the rate, which the restart checkpoint then holds too).
-        self._epoch_done = True
+        if id(self._list) not in self._hooked:
+            self.after_epoch_end(epoch)
 
-    def _maybe_restart(self) -> None:
-        self._epoch_done = False
+    def after_epoch_end(self, epoch: int) -> None:
+        """After every callback's ``on_epoch_end`` (the progress bar has printed the
+        epoch, ``ReduceLROnPlateau`` has set the rate, ``EarlyStopping`` has decided):
+        the epoch's checkpoint, and the exit when a restart is due."""
         s = self.session
-        every = s.restart_every
+        for key, value in scalar_logs(self._epoch_logs).items():
+            s.history.setdefault(key, []).append(value)
+        self._epoch_logs = None
         reason = s.pending_restart()
+        every = s.restart_every
         if reason is None and every and self._epochs_here >= every:
             reason = f"every {every} epoch{'s' if every != 1 else ''}"
+        last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs", 0))
+        if reason is not None and last:
+            reason = None               # fit ends now: nothing to restart for
+        self._save(reason or "epoch")
         if reason is not None:
-            self._save(reason)
             self._exit(reason)
 
     def _save(self, reason: str, metrics: list[np.ndarray] | None = None) -> Checkpoint:
@@ -247,12 +380,15 @@ class SessionCallback(keras.callbacks.Callback):
         if step:
             logs = scalar_logs(model.get_metrics_result() if current else
                                metrics_result(model, metrics or []))
+        callbacks, arrays, inexact = self._callback_state()
         state = CheckpointState(epoch=epoch, step=step, seed=s.seed, reason=reason,
                                 history=s.history, logs=logs, rng=rng.capture(),
-                                fingerprint=fingerprint(model))
+                                fingerprint=fingerprint(model), callbacks=callbacks,
+                                stopped=bool(model.stop_training), inexact=inexact)
         try:
             ckpt = s.store.write(state, lambda d: save_model(d, model,
-                                                             metrics if step else None))
+                                                             metrics if step else None,
+                                                             arrays))
         except CheckpointWriteError as e:
             self._stop_unwritable(e)
         s.log.write(Event.CHECKPOINT, epoch=epoch, step=step, reason=reason,
@@ -290,7 +426,6 @@ class SessionCallback(keras.callbacks.Callback):
         os._exit(code)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._epoch_done = False            # the last epoch: nothing to restart for
         self.release()
         self._unwrap()
         self.model._initial_epoch = None

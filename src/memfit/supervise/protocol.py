@@ -26,12 +26,18 @@ from typing import Any
 
 from memfit import checks
 from memfit.atomic import write_text_atomic
+from memfit.errors import MemfitError
 
-__all__ = ["DEFAULT_WORKDIR", "REQUEST_NAME", "RestartRequest", "write_request",
-           "read_request", "clear_request"]
+__all__ = ["SessionConfigError", "DEFAULT_WORKDIR", "REQUEST_NAME", "RestartRequest",
+           "write_request", "read_request", "clear_request"]
 
 DEFAULT_WORKDIR = "memfit-run"      # of `memfit run` and a session not given one
 REQUEST_NAME = "restart.request"
+
+
+class SessionConfigError(MemfitError):
+    """The run cannot go on as configured; a supervisor stops instead of restarting (the
+    child exits with ``memfit.exitcodes.CONFIG``)."""
 
 
 @dataclasses.dataclass(frozen=True)

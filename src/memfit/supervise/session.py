@@ -54,7 +54,6 @@ from memfit.env import (
     RESTART_EVERY_ENV,
     SUPERVISOR_ENV,
 )
-from memfit.errors import MemfitError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
@@ -62,6 +61,7 @@ from memfit.supervise import protocol, rng
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from memfit.supervise.preempt import signal_name
+from memfit.supervise.protocol import SessionConfigError
 from memfit.workdir import Workdir, default_workdir
 
 __all__ = ["Session", "SessionConfigError", "session", "current"]
@@ -69,10 +69,6 @@ __all__ = ["Session", "SessionConfigError", "session", "current"]
 _current: Session | None = None
 
 _MAX_SEED = 2**31 - 1
-
-
-class SessionConfigError(MemfitError):
-    """The run cannot go on as configured; a supervisor stops instead of restarting."""
 
 
 def _env_int(name: str) -> int | None:

@@ -25,7 +25,8 @@ import numpy as np
 
 from memfit.supervise.checkpoint import ARRAYS_NAME, WEIGHTS_NAME, Checkpoint, CheckpointError
 
-__all__ = ["fingerprint", "mismatch", "extra_variables", "save_model", "load_model"]
+__all__ = ["fingerprint", "mismatch", "extra_variables", "save_model", "load_model",
+           "load_arrays"]
 
 
 def fingerprint(model: Any) -> dict:
@@ -60,18 +61,21 @@ def extra_variables(model: Any) -> list:
     return [v for v in model.variables if id(v) not in saved]
 
 
-def save_model(directory: Path, model: Any, metrics: list[np.ndarray] | None = None) -> None:
+def save_model(directory: Path, model: Any, metrics: list[np.ndarray] | None = None,
+               extra: dict[str, np.ndarray] | None = None) -> None:
     """Writes the model's files into a checkpoint's directory.
 
     Args:
         directory: the checkpoint being written.
         model: the model.
         metrics: the metric states to save (a checkpoint inside an epoch), or ``None``.
+        extra: more arrays for ``arrays.npz`` (the callbacks' ``callback.*`` ones).
     """
     model.save_weights(directory / WEIGHTS_NAME)
     arrays = {f"variable_{i}": np.asarray(v.numpy())
               for i, v in enumerate(extra_variables(model))}
     arrays.update({f"metric_{i}": value for i, value in enumerate(metrics or ())})
+    arrays.update(extra or {})
     with open(directory / ARRAYS_NAME, "wb") as f:
         np.savez(f, **arrays)
 
@@ -110,3 +114,9 @@ def load_model(ckpt: Checkpoint, model: Any, workdir: Path) -> list[np.ndarray] 
                 variable.assign(arrays[key])
         count = sum(1 for k in arrays.files if k.startswith("metric_"))
         return [arrays[f"metric_{i}"] for i in range(count)] or None
+
+
+def load_arrays(ckpt: Checkpoint, prefix: str) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint's ``arrays.npz`` whose names start with ``prefix``."""
+    with np.load(ckpt.arrays) as arrays:
+        return {k: arrays[k] for k in arrays.files if k.startswith(prefix)}

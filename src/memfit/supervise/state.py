@@ -48,6 +48,13 @@ class CheckpointState:
         rng: the process-wide RNG states (:func:`memfit.supervise.rng.capture`).
         fingerprint: what must match the model it is loaded into
             (:func:`memfit.supervise.snapshot.fingerprint`).
+        callbacks: the other callbacks' state by ``CLASS#N``
+            (:func:`memfit.supervise.callback_state.capture`; arrays in ``arrays.npz``),
+            or ``None`` when none was saved.
+        stopped: whether training had stopped (``EarlyStopping``, ``TerminateOnNaN``):
+            a resume then trains no further.
+        inexact: the callbacks already warned about whose state cannot be saved (the
+            warning is given once a run, not once a process).
         time: when the store wrote it (Unix time; set by the store, ``None`` before).
     """
 
@@ -59,6 +66,9 @@ class CheckpointState:
     logs: Mapping[str, float] = dataclasses.field(default_factory=dict)
     rng: Mapping[str, Any] | None = None
     fingerprint: Mapping[str, Any] | None = None
+    callbacks: Mapping[str, Any] | None = None
+    stopped: bool = False
+    inexact: tuple[str, ...] = ()
     time: float | None = None
 
     @property
@@ -73,7 +83,11 @@ class CheckpointState:
                                 "reason": self.reason,
                                 "history": {k: list(v) for k, v in self.history.items()},
                                 "logs": dict(self.logs), "rng": self.rng,
-                                "fingerprint": self.fingerprint, "time": self.time}
+                                "fingerprint": self.fingerprint,
+                                "callbacks": None if self.callbacks is None else
+                                dict(self.callbacks),
+                                "stopped": True if self.stopped else None,
+                                "inexact": list(self.inexact) or None, "time": self.time}
         return {k: v for k, v in data.items() if v is not None}
 
     @classmethod
@@ -98,6 +112,9 @@ class CheckpointState:
                    rng=_table("rng", data.get("rng"), None, optional=True),
                    fingerprint=_table("fingerprint", data.get("fingerprint"), None,
                                       optional=True),
+                   callbacks=_table("callbacks", data.get("callbacks"), None, optional=True),
+                   stopped=_flag("stopped", data.get("stopped", False)),
+                   inexact=tuple(_names("inexact", data.get("inexact", []))),
                    time=None if data.get("time") is None else _number("time", data["time"]))
 
 
@@ -105,6 +122,18 @@ def _text(name: str, value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise ValueError(f"{name} must be a string. Received: {name}={value!r}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} must be true or false. Received: {name}={value!r}")
+
+
+def _names(name: str, value: Any) -> list[str]:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError(f"{name} must be a list of strings. Received: {name}={value!r}")
 
 
 def _number(name: str, value: Any) -> float:
