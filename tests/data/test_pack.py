@@ -83,20 +83,22 @@ def test_npy_inputs_are_memory_mapped_and_npz_and_csv_work(tmp_path, monkeypatch
     np.testing.assert_array_equal(got["y"], [i % 3 for i in range(50)])
     assert not any(".tmp-" in p.name for p in (tmp_path / "c").iterdir())
 
-    # overwrite=True clears the old dataset, not the CSV conversion this call just made
+    # overwrite=True packs beside the old dataset: the CSV conversion this call made (in
+    # the old directory) is still whole while the new one is written, and goes after
     prepare, seen = pack_module.prepare_output, []
 
-    def spy(out, overwrite, fingerprint, keep=()):
-        state = prepare(out, overwrite, fingerprint, keep)
-        (conversion,) = keep
-        seen.append(sorted(p.name for p in (out / conversion).iterdir()))
+    def spy(work, fingerprint, keep=()):
+        state = prepare(work, fingerprint, keep)
+        (conversion,) = [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".tmp-")]
+        seen.append((work.name, sorted(p.name for p in conversion.iterdir())))
         return state
 
     monkeypatch.setattr(pack_module, "prepare_output", spy)
     memfit.pack(csv=str(csv), output=tmp_path / "c", label="target", shuffle=False,
                 overwrite=True, progress=False)
-    assert seen == [["x.npy", "y.npy"]]
+    assert seen == [(".c.memfit-new", ["x.npy", "y.npy"])]
     assert not any(".tmp-" in p.name for p in (tmp_path / "c").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_iterable_of_unknown_length(tmp_path):

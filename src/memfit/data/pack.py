@@ -40,9 +40,16 @@ from memfit.data.pack_output import (
     already_packed,
     check_output,
     prepare_output,
-    remove_arrays_dataset,
+    remove,
     undo,
     write_failed,
+)
+from memfit.data.pack_replace import (
+    Staging,
+    check_replaceable,
+    holds_pack,
+    recover,
+    remove_leftovers,
 )
 from memfit.data.pack_shards import pack_shards, pack_stream
 from memfit.data.packing import PackOptions, check_split_counts
@@ -159,25 +166,88 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
                            "arrays or .npy paths, an .npz/.npy file or a CSV file); pack "
                            "an iterable with format='tfrecord'. Received: "
                            f"source of type {type(source).__name__}")
+    swapped = recover(out)              # a replacement killed between its two renames
+    replacing = overwrite and holds_pack(out)
+    if replacing:
+        check_replaceable(out)          # before anything is written
     made = check_output(out)
-    before = set(os.listdir(out)) if not made else set()
-    resuming = (out / STATE).is_file()
     csv_dir = temporary_name(out / "csv")    # a CSV source converted to .npy, for this call
     try:
         src = _open(source, csv, csv_dir, label, options)
-        manifest, kept = _pack(src, out, options, overwrite=overwrite, progress=progress,
-                               keep={csv_dir.name})
-    except OSError as e:        # the disk is full, a file-size limit...: nothing half written
-        undo(out, made, before, resuming, overwrite)
-        raise write_failed(e, out, kept=resuming and not overwrite) from e
-    except Exception:           # bad input found on the way (a ragged iterable...)
-        undo(out, made, before, resuming, overwrite)
+        fingerprint = options.fingerprint(src)
+        if replacing:
+            manifest, kept = _replace(src, out, options, fingerprint, progress, swapped,
+                                      keep={csv_dir.name})
+        else:
+            manifest, kept = _pack_into(src, out, options, fingerprint, progress, made,
+                                        keep={csv_dir.name})
+    except Exception:           # bad input (a CSV cell...): the directories made go
+        if made:
+            remove(made[0])
         raise
     finally:
         shutil.rmtree(csv_dir, ignore_errors=True)
-    (out / STATE).unlink(missing_ok=True)
+    if not replacing:
+        remove_leftovers(out)           # a killed replacement's sibling, now stale
     return PackResult(path=out, manifest=manifest, seconds=time.perf_counter() - started,
                       kept_shards=kept)
+
+
+def _pack_into(src: ArraySource | StreamSource, out: Path, options: PackOptions,
+               fingerprint: str | None, progress: bool, made: list[Path],
+               keep: set[str]) -> tuple[Manifest | ArraysManifest, int]:
+    """Packs into ``out`` itself (resuming an interrupted pack there); a pack that fails
+    removes what it wrote (a resumed one keeps its finished shards for the next try)."""
+    before = set(os.listdir(out)) if out.is_dir() and not made else set()
+    resuming = (out / STATE).is_file()
+    try:
+        done = _pack(src, out, options, fingerprint, progress=progress, keep=keep)
+    except OSError as e:        # the disk is full, a file-size limit...: nothing half written
+        undo(out, made, before, resuming)
+        raise write_failed(e, out, kept=resuming) from e
+    except Exception:           # bad input found on the way (a ragged iterable...)
+        undo(out, made, before, resuming)
+        raise
+    (out / STATE).unlink(missing_ok=True)
+    return done
+
+
+def _replace(src: ArraySource | StreamSource, out: Path, options: PackOptions,
+             fingerprint: str | None, progress: bool, swapped: bool,
+             keep: set[str]) -> tuple[Manifest | ArraysManifest, int]:
+    """Packs beside ``out`` and swaps the new dataset in (:mod:`memfit.data.pack_replace`):
+    the old one stays whole until then. A rerun after a killed replacement resumes its
+    shards, or finds its work done (``out`` holds this very pack, every file verified)."""
+    staging = Staging(out)
+    try:
+        if staging.leftover or swapped:
+            done = already_packed(out, fingerprint, keep)
+            if done is not None:        # killed after its swap: only the cleaning was left
+                staging.discard()
+                return done
+        staging.resume_or_clear(fingerprint)
+        try:
+            manifest, kept = _pack(src, staging.path, options, fingerprint, progress=progress,
+                                   keep=())
+            (staging.path / STATE).unlink(missing_ok=True)
+            staging.swap(_files(manifest))
+        except OSError as e:        # the disk is full...: the old dataset is untouched
+            staging.abandon()
+            raise write_failed(e, out, kept=not staging.discard_on_failure,
+                               replacing=True) from e
+        except Exception:           # bad input found on the way
+            staging.abandon()
+            raise
+    finally:
+        staging.close()
+    return dataclasses.replace(manifest, path=out), kept
+
+
+def _files(manifest: Manifest | ArraysManifest) -> list[str]:
+    """The relative paths of a dataset's data files."""
+    if isinstance(manifest, Manifest):
+        return [sh.file for s in manifest.splits.values() for sh in s.shards]
+    return [a.file for s in manifest.splits.values() for a in s.files.values()]
 
 
 def _check_call(source: Any, output: str | os.PathLike, csv: str | None,
@@ -216,19 +286,16 @@ def _open(source: Any, csv: str | None, csv_dir: Path, label: str | None,
     return src
 
 
-def _pack(src: ArraySource | StreamSource, out: Path, options: PackOptions, *,
-          overwrite: bool, progress: bool,
+def _pack(src: ArraySource | StreamSource, out: Path, options: PackOptions,
+          fingerprint: str | None, *, progress: bool,
           keep: set[str]) -> tuple[Manifest | ArraysManifest, int]:
     """Packs ``src`` into ``out`` with the packer of its format: the manifest written and
     the files kept from an interrupted run. A pack that finished already (the same source
     and options, every file whole) is left as it is."""
-    fingerprint = options.fingerprint(src)
-    done = None if overwrite else already_packed(out, fingerprint, keep)
+    done = already_packed(out, fingerprint, keep)
     if done is not None:                # killed as it exited: rerun, nothing to do
         return done
-    if overwrite:       # an arrays dataset there: its .npy files go too
-        remove_arrays_dataset(out)
-    state = prepare_output(out, overwrite, fingerprint, keep)
+    state = prepare_output(out, fingerprint, keep)
     if options.format == "arrays":
         assert isinstance(src, ArraySource)
         return pack_arrays(src, out, state, options, fingerprint=fingerprint,

@@ -11,9 +11,9 @@ removes what it wrote, and nothing else (:func:`undo`).
 Example:
     >>> import tempfile
     >>> out = Path(tempfile.mkdtemp())
-    >>> prepare_output(out, overwrite=False, fingerprint="f00d")
+    >>> prepare_output(out, fingerprint="f00d")
     {'fingerprint': 'f00d'}
-    >>> prepare_output(out, overwrite=False, fingerprint="f00d")["resumed"]
+    >>> prepare_output(out, fingerprint="f00d")["resumed"]
     True
 """
 
@@ -37,7 +37,7 @@ from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
 __all__ = ["STATE", "prepare_output", "save_state", "already_packed", "check_output", "undo",
-           "write_failed", "remove", "remove_arrays_dataset"]
+           "write_failed", "remove", "clear_stale_temporaries"]
 
 STATE = ".memfit-pack-state.json"
 
@@ -107,8 +107,8 @@ def _read_state(out: Path) -> dict[str, Any] | None:
     return state
 
 
-def prepare_output(out: Path, overwrite: bool, fingerprint: str | None,
-                    keep: Collection[str] = ()) -> dict[str, Any]:
+def prepare_output(out: Path, fingerprint: str | None,
+                   keep: Collection[str] = ()) -> dict[str, Any]:
     """Checks the output directory; returns the resumable state (shards already done).
 
     ``keep``: names in ``out`` that this call made and still needs (its CSV conversion).
@@ -122,12 +122,6 @@ def prepare_output(out: Path, overwrite: bool, fingerprint: str | None,
     if not os.access(out, os.W_OK):
         raise DatasetError(f"The output directory {str(out)!r} is not writable.")
     clear_stale_temporaries(out, keep)
-    ours = [p for p in out.iterdir() if p.name not in keep and (
-            p.name in (MANIFEST, STATE) or ".tfrecord" in p.name or p.name.startswith(TMP_MARK))]
-    if overwrite:
-        for p in ours:
-            remove(p)
-        return _start_state(out, fingerprint)
     state = _read_state(out)
     if state is not None and fingerprint is not None and state.get("fingerprint") == fingerprint:
         # Interrupted, perhaps after the manifest was written (the state goes last).
@@ -139,7 +133,7 @@ def prepare_output(out: Path, overwrite: bool, fingerprint: str | None,
         raise DatasetError(f"{str(out)!r} holds an interrupted pack of different data or options; "
                            f"rerun that pack command to finish it, or pass overwrite=True "
                            f"(--overwrite) to start over.")
-    if any(".tfrecord" in p.name for p in ours):
+    if any(".tfrecord" in p.name for p in out.iterdir()):
         raise DatasetError(f"{str(out)!r} already holds TFRecord shards that memfit did not "
                            f"start; choose an empty directory or pass overwrite=True.")
     return _start_state(out, fingerprint)
@@ -208,8 +202,7 @@ def check_output(out: Path) -> list[Path]:
     return missing[::-1]
 
 
-def undo(out: Path, made: list[Path], before: set[str], resuming: bool,
-          overwrite: bool) -> None:
+def undo(out: Path, made: list[Path], before: set[str], resuming: bool) -> None:
     """Removes what a failed pack call wrote, and nothing else: the directories it made;
     else the files it added (a resumed pack keeps its finished shards for the next try)."""
     if made:
@@ -221,17 +214,24 @@ def undo(out: Path, made: list[Path], before: set[str], resuming: bool,
     for p in out.iterdir():
         if mine.match(p.name):
             remove(p)
-        elif resuming and not overwrite:
-            continue
-        elif p.name not in before or (overwrite and (p.name in (MANIFEST, STATE)
-                                                     or ".tfrecord" in p.name)):
+        elif not resuming and p.name not in before:
             remove(p)
 
 
-def write_failed(e: OSError, out: Path, kept: bool) -> DatasetError:
-    """The error for a pack that the disk stopped (full, over the file-size limit...)."""
+def write_failed(e: OSError, out: Path, kept: bool, replacing: bool = False) -> DatasetError:
+    """The error for a pack that the disk stopped (full, over the file-size limit...).
+
+    Args:
+        e: the error; out: the output directory.
+        kept: the shards finished before are kept (a rerun resumes).
+        replacing: the pack was replacing the dataset in ``out`` (``overwrite=True``),
+            which is untouched.
+    """
     left = ("the shards finished before are kept: rerun the same command to resume"
             if kept else "nothing of this pack was kept")
+    if replacing:
+        left += (f"; the dataset already in {str(out)!r} is untouched (overwrite writes the "
+                 f"new one beside it, so it needs room for both until the swap)")
     if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return DatasetError(f"The disk (or quota) holding {str(out)!r} is full ({e.strerror}); "
                             f"{left}. Free space there or choose another output directory, "
@@ -246,26 +246,3 @@ def write_failed(e: OSError, out: Path, kept: bool) -> DatasetError:
     where = f" ({e.filename})" if e.filename else ""
     return DatasetError(f"Packing into {str(out)!r} failed: {e.strerror or e}{where}; {left}. "
                         f"Fix the cause or choose another output directory, then rerun.")
-
-
-def remove_arrays_dataset(out: Path) -> None:
-    """Deletes the ``.npy`` files an arrays dataset (or an interrupted arrays pack) in
-    ``out`` lists, and split directories left empty (for ``overwrite=True``)."""
-    files: list[str] = []
-    if manifest_format(out) == ARRAYS:
-        try:
-            m = ArraysManifest.load(out)
-            files += [a.file for s in m.splits.values() for a in s.files.values()]
-        except DatasetError:
-            pass
-    state = out / STATE
-    if state.is_file():
-        try:
-            files += list(json.loads(state.read_text()).get("files", {}))
-        except (OSError, ValueError):
-            pass
-    for rel in files:
-        p = out / rel
-        p.unlink(missing_ok=True)
-        if p.parent != out and p.parent.is_dir() and not any(p.parent.iterdir()):
-            p.parent.rmdir()
