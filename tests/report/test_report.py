@@ -115,7 +115,7 @@ def test_cli_prints_paths_and_the_verdict_computed_from_epoch_ends(tmp_path, cap
 def test_too_few_epochs_are_said_so(tmp_path, capsys):
     simple_leak(tmp_path / "short.jsonl", epochs=2, gpu=False)
     result = write_report(tmp_path / "short.jsonl")
-    assert [(v.kind, v.origin) for v in result.verdicts] == [("unknown", "too-few-epochs")]
+    assert [(v.kind, v.origin) for v in result.verdicts] == [("too-short", "too-few-epochs")]
     assert "too few epochs" in result.headline
     assert "at least 5" in result.html.read_text()
 

@@ -12,8 +12,10 @@ out of memory is about; file-backed pages are page cache). The classifier:
    back most of the growth, the memory was free already: allocator retention.
 
 Verdicts: ``stable``, ``warm-up`` (grew early, flat since), ``leak`` (keeps growing: with
-MiB/epoch and when the budget would be hit), ``allocator-retention``, and ``unknown``
-(too few epochs to tell). Each comes with a paragraph of explanation and the fix.
+MiB/epoch and when the budget would be hit), ``allocator-retention``, and ``too-short``
+(too little of the run after its warm-up to judge: the verdict says how much is needed and
+how much there was, instead of guessing). Each comes with a paragraph of explanation and
+the fix.
 
 Example:
     >>> v = classify([100e6, 110e6, 120e6, 130e6, 140e6, 150e6], warmup_epochs=1)
@@ -31,10 +33,14 @@ from typing import Any
 from memfit import checks
 from memfit.sizes import format_size
 
-__all__ = ["Verdict", "classify", "classify_release", "theil_sen", "EXPLANATIONS",
-           "MIN_VALUES", "KEPT_MIN", "KEPT_SHARE", "RETENTION_FIX"]
+__all__ = ["Verdict", "classify", "classify_release", "theil_sen", "too_short",
+           "EXPLANATIONS", "KINDS", "TOO_SHORT", "MIN_VALUES", "KEPT_MIN", "KEPT_SHARE",
+           "RETENTION_FIX"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
+TOO_SHORT = "too-short"         # the verdict on a run too short to judge
+#: Every verdict, in the order the views list them.
+KINDS = ("stable", "warm-up", "leak", "allocator-retention", TOO_SHORT)
 
 MIN_GROWTH = 16 * 2**20         # below this, growth over the run is noise in a TF process
 NOISE_FACTOR = 4.0              # growth must exceed this many MADs of the residuals
@@ -78,10 +84,17 @@ EXPLANATIONS = {
         "freed, and glibc kept it in its arenas for reuse. This looks like a leak in "
         "`top` and is not one.",
         RETENTION_FIX),
-    "unknown": (
-        "Too few epochs after the warm-up to tell growth from noise.",
-        "Train for more epochs (at least 4 after warmup_epochs) or lower warmup_epochs."),
+    TOO_SHORT: (
+        "Too little of the run after its warm-up to tell growth from noise: memfit does "
+        "not guess. Growth early in a run is expected (traces, caches, pools); only what "
+        "comes after it tells a leak from a level.",
+        f"Train for more epochs (at least {MIN_VALUES} after warmup_epochs) or lower "
+        "warmup_epochs."),
 }
+
+_UNITS = {"epochs": "epoch ends after the warm-up",
+          "s": "s of steady time after the start-up and warm-up",
+          "time slices": "time slices with samples (of 10) in the steady time"}
 
 
 def theil_sen(values: Sequence[float]) -> float:
@@ -98,13 +111,18 @@ class Verdict:
     """The classifier's answer, with the numbers behind it.
 
     Attributes:
-        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``unknown``.
+        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``too-short``.
         slope: bytes per epoch after the warm-up (Theil–Sen).
         growth: bytes from the first epoch-end sample after warm-up to the last.
         noise: the growth threshold that was used, in bytes.
         epochs: epoch-end samples considered.
         released: bytes a trim probe gave back (``None``: no probe).
         epochs_to_budget: for a leak with a budget, epochs until it is reached.
+        needed: for ``too-short``, how much of the run the judge needs, in ``unit``.
+        had: for ``too-short``, how much there was, in ``unit``.
+        unit: what ``needed`` and ``had`` count: ``"epochs"`` (epoch ends after the
+            warm-up), ``"s"`` (seconds of steady time, seen from outside) or
+            ``"time slices"`` (time slices with samples, seen from outside).
     """
 
     kind: str
@@ -117,6 +135,9 @@ class Verdict:
     epochs_to_budget: float | None = None
     kept: int | None = None
     before: int | None = None
+    needed: float | None = None
+    had: float | None = None
+    unit: str = "epochs"
 
     @property
     def explanation(self) -> str:
@@ -140,8 +161,8 @@ class Verdict:
     @property
     def headline(self) -> str:
         """One line: the verdict and its numbers."""
-        if self.kind == "unknown":
-            return f"unknown: too few epochs after warm-up to judge ({self.epochs} samples)"
+        if self.kind == TOO_SHORT:
+            return f"too short to judge: {self.need}"
         if self.kept is not None:
             released = self.released or 0
             return (f"{self.kind}: after del + gc.collect() anonymous RSS stayed at "
@@ -159,6 +180,16 @@ class Verdict:
                      f"{self.epochs_to_budget:.0f} more epochs")
         return text
 
+    @property
+    def need(self) -> str:
+        """For ``too-short``: how much the judge needs and how much there was, e.g.
+        ``"needs ≥ 5 s of steady time after the start-up and warm-up, had 2.3 s"``."""
+        def number(x: float | None) -> str:
+            return "?" if x is None else f"{x:.1f}" if self.unit == "s" else f"{x:.0f}"
+        seconds = " s" if self.unit == "s" else ""
+        return (f"needs ≥ {number(self.needed)} {_UNITS.get(self.unit, self.unit)}, had "
+                f"{number(self.had)}{seconds}")
+
     def __str__(self) -> str:
         return f"{self.headline}\n{self.explanation}\nFix: {self.fix}"
 
@@ -168,7 +199,29 @@ class Verdict:
                 "noise": self.noise, "epochs": self.epochs, "released": self.released,
                 "epochs_to_budget": self.epochs_to_budget, "headline": self.headline,
                 "explanation": self.explanation, "fix": self.fix, "kept": self.kept,
-                "before": self.before}
+                "before": self.before, "needed": self.needed, "had": self.had,
+                "unit": self.unit}
+
+
+def too_short(needed: float, had: float, unit: str = "epochs", *, growth: float = 0,
+              epochs: int = 0) -> Verdict:
+    """The ``too-short`` verdict: the judge needs ``needed`` (in ``unit``), the run had
+    ``had``.
+
+    Example:
+        >>> v = too_short(5.0, 2.3, "s")
+        >>> v.kind, v.need
+        ('too-short', 'needs ≥ 5.0 s of steady time after the start-up and warm-up, had 2.3 s')
+
+    Args:
+        needed: how much of the run the judge needs.
+        had: how much the run had.
+        unit: ``"epochs"``, ``"s"`` or ``"time slices"`` (see :class:`Verdict`).
+        growth: bytes from the first value to the last, for the record.
+        epochs: values considered, for the record.
+    """
+    return Verdict(TOO_SHORT, 0.0, int(growth), 0.0, epochs, needed=float(needed),
+                   had=float(had), unit=unit)
 
 
 def classify_release(releases: Sequence[Any], *, min_released: float = KEPT_MIN,
@@ -213,8 +266,8 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
     values = [float(v) for v in values]
     after = values[warmup_epochs:]
     if len(after) < MIN_VALUES:     # three points cannot tell slow warm-up from a leak
-        return Verdict("unknown", 0.0, int(values[-1] - values[0]) if values else 0, 0.0,
-                       len(values))
+        return too_short(MIN_VALUES, len(after), growth=values[-1] - values[0] if values
+                         else 0, epochs=len(values))
     slope = theil_sen(after)
     intercept = statistics.median(v - slope * i for i, v in enumerate(after))
     residuals = [v - (intercept + slope * i) for i, v in enumerate(after)]

@@ -9,10 +9,14 @@ the exit code and a verdict (:func:`memfit.memory.classify`) to the log.
 
 The verdict uses the ``epoch_end`` events of the same log when the command wrote at
 least 5 (a training script with ``memfit.MemoryMonitor(WORKDIR)`` does), and then gives
-rates per epoch; otherwise the run is cut into 10 equal time slices, the median
-anonymous RSS of each slice serves as one value, and rates are per minute (the start-up,
-while file-backed RSS still climbs as libraries load, and the last 2 s, when the exiting
-interpreter frees its memory, are left out). From outside
+rates per epoch. Otherwise it judges the run's *steady time*: what follows the start-up
+and warm-up (until file-backed RSS reaches its level: libraries are loaded and the
+first steps have run their code once) and precedes the last 2 s (the exiting interpreter
+frees its memory). A run with less than :data:`MIN_STEADY` seconds of it is
+``too-short``, with how long it had: a busy machine slows the start-up and warm-up, and
+judging what is left of them would call them a leak. A longer one is cut into 10 equal
+time slices, the median anonymous RSS of each slice serves as one value, and rates are
+per minute. From outside
 memfit sees the shape only: memory that grows without bound (``leak``) or memory that
 rose to a *level* and held it. It cannot trim the command's memory, so it cannot tell a
 level of data held in RAM from freed memory the allocator keeps (after ``del`` +
@@ -45,7 +49,14 @@ from typing import TextIO
 
 from memfit import checks
 from memfit.env import WORKDIR_ENV
-from memfit.memory.classify import MIN_VALUES, Verdict, classify, theil_sen
+from memfit.memory.classify import (
+    MIN_VALUES,
+    TOO_SHORT,
+    Verdict,
+    classify,
+    theil_sen,
+    too_short,
+)
 from memfit.memory.log import Event, MemoryLog, read_log
 from memfit.memory.probe import Sample
 from memfit.memory.process import (
@@ -60,9 +71,10 @@ from memfit.sizes import format_size
 from memfit.workdir import Workdir
 
 __all__ = ["watch", "judge", "OutsideVerdict", "WatchResult",
-           "SLICES", "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
+           "SLICES", "MIN_STEADY", "OUTSIDE_NOTE", "SHORT_FIX", "LEVEL_FIX"]
 
 SLICES = 10                  # time slices standing in for epochs when the log has none
+MIN_STEADY = 5.0             # seconds of steady time the outside judge needs
 MIN_EPOCH_EVENTS = MIN_VALUES + 1   # epoch_end events to classify instead of time slices
 _STATUS_WINDOW = 30.0        # seconds of recent samples behind the live slope
 _STATUS_MAX_SAMPLES = 60     # ... at most this many (Theil-Sen is quadratic)
@@ -74,9 +86,11 @@ LEVEL_FIX = ("Nothing grows without bound. If this level is more than you expect
              "memory the allocator keeps after `del` + `gc.collect()`. Seen from outside "
              "the two look the same; only a malloc_trim probe inside the process (memfit "
              "doctor, or memfit.MemoryMonitor in the script) tells them apart.")
-SHORT_FIX = ("The run was too short to judge: samples are needed in at least 5 of its 10 time "
-             "slices (lower --interval for a short run), or write epoch_end events with "
-             "MemoryMonitor(WORKDIR) in the script.")
+SHORT_FIX = (f"Watch a longer run: from outside, memfit needs at least {MIN_STEADY:.0f} s of "
+             f"steady time after the start-up and warm-up (file-backed RSS at its level), "
+             f"with samples in at least {MIN_VALUES + 1} of its {SLICES} time slices (lower "
+             f"--interval for a short run). Or write epoch_end events with "
+             f"memfit.MemoryMonitor(WORKDIR) in the script: epochs are judged instead.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +111,10 @@ class WatchResult:
         log_path: the log written (``WORKDIR/memory.jsonl``).
         command: the command run.
         basis: what the verdict was computed from: ``"epochs"`` (the log's ``epoch_end``
-            events) or ``"time slices"`` (medians of 10 equal slices of the run).
+            events) or ``"time slices"`` (medians of 10 equal slices of the run's steady
+            time).
+        level: the anonymous RSS held at the end (bytes), or ``None``.
+        steady: seconds of steady time judged (time slices only; ``None`` otherwise).
     """
 
     exit_code: int
@@ -111,11 +128,12 @@ class WatchResult:
     command: tuple[str, ...] = ()
     basis: str = "time slices"
     level: int | None = None
+    steady: float | None = None
 
     @property
     def headline(self) -> str:
         """The verdict in one line: rates per epoch (epochs) or per minute (time slices)."""
-        return _headline(self.verdict, self.basis, self.duration, self.level)
+        return _headline(self.verdict, self.basis, self.steady, self.level)
 
     @property
     def fix(self) -> str:
@@ -140,6 +158,9 @@ class WatchResult:
                      f"sample to last")
         if self.basis == "epochs":
             basis = f"the {self.verdict.epochs} epoch_end events of the log"
+        elif self.steady is not None:
+            basis = (f"the process tree's memory over {self.steady:.0f} s of steady time, "
+                     f"seen from outside")
         else:
             basis = (f"the process tree's memory over {self.duration:.0f} s, seen from "
                      f"outside")
@@ -151,16 +172,17 @@ class WatchResult:
         return "\n".join(lines)
 
 
-def _headline(verdict: Verdict, basis: str, duration: float, level: int | None) -> str:
-    """The verdict in words: per real epoch from epoch_end events, else per minute; no
-    rate at all beside a level that holds."""
-    if basis == "epochs" or verdict.kind in ("unknown", "allocator-retention"):
+def _headline(verdict: Verdict, basis: str, steady: float | None,
+              level: int | None) -> str:
+    """The verdict in words: per real epoch from epoch_end events, else per minute of
+    the ``steady`` seconds judged; no rate at all beside a level that holds."""
+    if basis == "epochs" or verdict.kind in (TOO_SHORT, "allocator-retention"):
         return verdict.headline
-    width = duration / SLICES
+    width = (steady or 0.0) / SLICES
     if verdict.kind == "leak":
         rate = verdict.slope / width * 60 if width > 0 else 0.0
         return (f"leak: anonymous RSS grows without bound, {format_size(rate, signed=True)}"
-                f"/min ({format_size(verdict.growth, signed=True)} after the start-up), "
+                f"/min ({format_size(verdict.growth, signed=True)} after the warm-up), "
                 f"still growing at the end")
     held = f" at {format_size(level)}" if level is not None else ""
     return (f"level: anonymous RSS rose to a level{held} and held it; not growing (no "
@@ -171,7 +193,7 @@ def _headline(verdict: Verdict, basis: str, duration: float, level: int | None) 
 
 
 def _fix(verdict: Verdict, basis: str, command: Sequence[str] = ()) -> str:
-    if verdict.kind == "unknown" and basis == "time slices":
+    if verdict.kind == TOO_SHORT and basis == "time slices":
         return SHORT_FIX
     if basis == "time slices" and verdict.kind in ("stable", "warm-up"):
         return LEVEL_FIX.replace("COMMAND", shlex.join(command) if command else "COMMAND")
@@ -191,32 +213,35 @@ def _slice_medians(times: Sequence[float], values: Sequence[float],
     return [statistics.median(b) for b in buckets if b]
 
 
-STARTUP_FILE_SHARE = 0.95    # start-up ends when file-backed RSS reaches this share of its max
-MIN_AFTER_STARTUP = 20       # samples after the start-up needed to also leave out the teardown
+SETTLED_FILE_SHARE = 0.98    # warm-up ends when file-backed RSS is within 2 % ...
+SETTLED_FILE_SLACK = 4 * 2**20   # ... (and 4 MiB) of its level
 TEARDOWN = 2.0               # seconds before exit left out: the interpreter frees its memory
 
 
-def _after_startup(samples: Sequence[Sample]) -> int:
-    """Index of the first sample after the start-up: imports map their libraries, so
-    file-backed RSS climbs until they are loaded (TensorFlow: ~0.5 GiB), and anonymous
-    RSS climbs with it, which from outside would look like growth. The start-up is left
-    out even when few samples remain after it: a run that is mostly start-up is too
-    short to judge, and judging its start-up would call the imports a leak."""
+def _before_teardown(samples: Sequence[Sample]) -> int:
+    """End index (exclusive) of the samples before the last :data:`TEARDOWN` seconds: at
+    exit the interpreter frees what it held, which is not the run's level."""
     if not samples:
         return 0
-    top = max(s.rss_file for s in samples)
-    return next(i for i, s in enumerate(samples) if s.rss_file >= STARTUP_FILE_SHARE * top)
+    return next((i for i, s in enumerate(samples) if s.t > samples[-1].t - TEARDOWN),
+                len(samples))
 
 
-def _before_teardown(samples: Sequence[Sample], first: int) -> int:
-    """End index (exclusive) of the samples before the last :data:`TEARDOWN` seconds (at
-    exit the interpreter frees what it held, which is not the run's level); all of them
-    when too few would be left."""
-    if not samples:
+def _settled(samples: Sequence[Sample], end: int) -> int:
+    """Index of the first sample after the start-up and warm-up, among ``samples[:end]``.
+
+    Imports map their libraries, and the first steps of a training fault in the code of
+    every kernel they run once, so file-backed RSS climbs until both are over (TensorFlow:
+    ~0.4 GiB, the last few percent during the first epoch), and anonymous RSS climbs with
+    it (traces, caches, pools), which from outside would look like growth. Steady time
+    starts when file-backed RSS is within :data:`SETTLED_FILE_SHARE` (and
+    :data:`SETTLED_FILE_SLACK`) of its level. On a busy machine the start-up and warm-up
+    last longer, and the steady time left is shorter, not misjudged."""
+    if end <= 0:
         return 0
-    end = next((i for i, s in enumerate(samples) if s.t > samples[-1].t - TEARDOWN),
-               len(samples))
-    return end if end - first >= MIN_AFTER_STARTUP else len(samples)
+    top = max(s.rss_file for s in samples[:end])
+    floor = top - max((1 - SETTLED_FILE_SHARE) * top, SETTLED_FILE_SLACK)
+    return next(i for i, s in enumerate(samples[:end]) if s.rss_file >= floor)
 
 
 def _epoch_values(log_path: Path, since: float) -> list[float]:
@@ -338,7 +363,7 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     return WatchResult(exit_code=code, samples=samples.seen, peak=sampler.peak, final=final,
                        growth=growth, verdict=judged.verdict, duration=duration,
                        log_path=wd.log, command=tuple(command), basis=judged.basis,
-                       level=judged.level)
+                       level=judged.level, steady=judged.steady)
 
 
 def _workdir(workdir: str | os.PathLike) -> Workdir:
@@ -393,6 +418,7 @@ class OutsideVerdict:
         headline: the verdict in one line (rates per epoch, or per minute).
         fix: what to do.
         note: a caveat (a leak seen from outside may be retention), or ``None``.
+        steady: seconds of steady time judged (time slices only; ``None`` otherwise).
     """
 
     verdict: Verdict
@@ -401,18 +427,20 @@ class OutsideVerdict:
     headline: str
     fix: str
     note: str | None
+    steady: float | None = None
 
     def to_record(self) -> dict:
         """Fields for a ``verdict`` event of the log."""
         return {**self.verdict.to_record(), "basis": self.basis, "fix": self.fix,
-                "headline": self.headline}
+                "headline": self.headline, "steady": self.steady}
 
 
 def judge(samples: Sequence[Sample], log_path: str | os.PathLike, since: float,
           duration: float, command: Sequence[str] = ()) -> OutsideVerdict:
     """Judges a run from outside: from the log's ``epoch_end`` events written since
-    ``since`` when there are enough, else from the samples in time slices (start-up and
-    teardown left out).
+    ``since`` when there are enough, else from the samples of its steady time (start-up,
+    warm-up and teardown left out) in time slices; ``too-short`` when it has less than
+    :data:`MIN_STEADY` seconds of steady time, with how much it had.
 
     Example:
         >>> v = judge(samples, "runs/exp1/memory.jsonl", since=t0,
@@ -424,22 +452,39 @@ def judge(samples: Sequence[Sample], log_path: str | os.PathLike, since: float,
         samples: the process tree's samples, in time order.
         log_path: the run's log (read for ``epoch_end`` events).
         since: Unix time the run started.
-        duration: seconds the run lasted.
+        duration: seconds the run lasted (unused: the steady time comes from the
+            samples' own times; kept for callers).
         command: the command, quoted in the fix.
     """
     epochs = _epoch_values(Path(log_path), since)
+    steady = None
     if len(epochs) >= MIN_EPOCH_EVENTS:
         basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
         level = int(epochs[-1])
     else:
-        times = [s.t for s in samples]
-        anon = [float(s.anon_or_total) for s in samples]
-        skip = _after_startup(samples)
-        end = _before_teardown(samples, skip)
-        medians = _slice_medians(times[skip:end], anon[skip:end])
-        basis, verdict = "time slices", classify(medians, warmup_epochs=1)
-        level = int(medians[-1]) if medians else None
+        basis, (verdict, level, steady) = "time slices", _judge_steady(samples)
     return OutsideVerdict(verdict=verdict, basis=basis, level=level,
-                          headline=_headline(verdict, basis, duration, level),
+                          headline=_headline(verdict, basis, steady, level),
                           fix=_fix(verdict, basis, command),
-                          note=OUTSIDE_NOTE if verdict.kind == "leak" else None)
+                          note=OUTSIDE_NOTE if verdict.kind == "leak" else None,
+                          steady=steady)
+
+
+def _judge_steady(samples: Sequence[Sample]) -> tuple[Verdict, int | None, float]:
+    """The verdict on the steady time of a run seen from outside, the level held at its
+    end, and the seconds of steady time: ``too-short`` when there is less than
+    :data:`MIN_STEADY` seconds of it, or samples in fewer than ``MIN_VALUES + 1`` of its
+    time slices."""
+    end = _before_teardown(samples)
+    first = _settled(samples, end)
+    steady = samples[first:end]
+    had = steady[-1].t - steady[0].t if steady else 0.0
+    growth = steady[-1].anon_or_total - steady[0].anon_or_total if steady else 0
+    if had < MIN_STEADY:
+        return too_short(MIN_STEADY, had, "s", growth=growth, epochs=len(steady)), None, had
+    medians = _slice_medians([s.t for s in steady], [float(s.anon_or_total) for s in steady])
+    verdict = classify(medians, warmup_epochs=1)
+    if verdict.kind == TOO_SHORT:
+        return too_short(MIN_VALUES + 1, len(medians), "time slices", growth=growth,
+                         epochs=len(medians)), None, had
+    return verdict, int(medians[-1]), had

@@ -26,7 +26,7 @@ from memfit.sizes import format_size
 __all__ = ["render"]
 
 _KIND_COLORS = {"leak": "#c62828", "allocator-retention": "#ef6c00", "warm-up": "#1565c0",
-                "stable": "#2e7d32", "unknown": "#616161"}
+                "stable": "#2e7d32", "too-short": "#616161"}
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #222;
@@ -60,7 +60,8 @@ def _verdict_html(v: VerdictSummary) -> str:
               "too-few-epochs": "not enough epoch ends to classify"}[v.origin]
     who = f"pid {v.pid}, " if v.pid is not None else ""
     color = _KIND_COLORS.get(v.kind, "#616161")
-    headline = v.headline.removeprefix(f"{v.kind}: ")    # the kind is the label already
+    # the kind is the label already
+    headline = v.headline.removeprefix(f"{v.kind}: ").removeprefix("too short to judge: ")
     return (f'<div class="verdict" style="--c: {color}"><span class="kind">{escape(v.kind)}'
             f'</span>{escape(headline)} <span class="origin">({escape(who + origin)})</span>'
             f"<p>{escape(v.explanation)}</p>"

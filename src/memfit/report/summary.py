@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, classify
+from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, TOO_SHORT, classify
 from memfit.memory.log import Event
 from memfit.report.data import ProcessData, RunData, anon, number
 
@@ -60,7 +60,7 @@ class VerdictSummary:
     """A verdict on the run, with where it came from.
 
     Attributes:
-        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``unknown``.
+        kind: ``stable``, ``warm-up``, ``leak``, ``allocator-retention`` or ``too-short``.
         headline: one line with the numbers.
         explanation: what the verdict means.
         fix: what to do.
@@ -104,7 +104,7 @@ def summarize(data: RunData) -> tuple[ProcessSummary, ...]:
 
 
 def _from_event(record: dict) -> VerdictSummary:
-    kind = str(record.get("verdict") or record.get("kind") or "unknown")
+    kind = str(record.get("verdict") or record.get("kind") or TOO_SHORT)
     explanation, fix = EXPLANATIONS.get(kind, ("", ""))
     note = " ".join(filter(None, (f"Judged from {record['basis']}." if record.get("basis")
                                   else "", str(record.get("note") or ""))))
@@ -118,9 +118,10 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
     """The verdict(s) on a run.
 
     The last ``verdict`` event of the log wins. Without one, each process with at least
-    three ``epoch_end`` events is classified from its anonymous RSS at those epoch ends
-    (``warmup_epochs`` from the ``start`` event, else the classifier's default). Without
-    those either, a single ``unknown`` verdict says why nothing can be judged.
+    ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its anonymous RSS at those
+    epoch ends (``warmup_epochs`` from the ``start`` event, else the classifier's default).
+    Without
+    those either, a single ``too-short`` verdict says why nothing can be judged.
     """
     logged = data.events(Event.VERDICT)
     if logged:
@@ -145,8 +146,8 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
                f"{'s' if most > 1 else ''}; at least {MIN_EPOCHS} in one process are needed "
                f"to tell growth from noise.")
     return (VerdictSummary(
-        "unknown", f"unknown: too few epochs to judge ({most} epoch end"
-                   f"{'s' if most != 1 else ''} in the longest process)", why,
+        TOO_SHORT, f"too short to judge: needs ≥ {MIN_EPOCHS} epoch ends in one process, "
+                   f"had {most} (too few epochs)", why,
         "Record epoch ends with memfit.MemoryMonitor in model.fit and train for at least "
         f"{MIN_EPOCHS} epochs (more after a warm-up), then run memfit report again.",
         None, "too-few-epochs"),)

@@ -11,7 +11,7 @@ import keras
 
 from memfit import checks, exitcodes
 from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
-from memfit.memory.classify import MIN_VALUES, Verdict, classify, classify_release
+from memfit.memory.classify import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.sizes import format_size, parse_size
@@ -30,7 +30,9 @@ class MemoryMonitor(keras.callbacks.Callback):
     After ``warmup_epochs`` it classifies the epoch-end anonymous RSS (see
     :func:`memfit.memory.classify.classify`): ``stable``, ``warm-up``, ``leak`` (with
     MiB/epoch and when ``budget`` would be reached) or ``allocator-retention`` (a
-    ``malloc_trim(0)`` probe gave most of the growth back). When ``fit`` is called in a
+    ``malloc_trim(0)`` probe gave most of the growth back); until there are enough epochs
+    after the warm-up, ``too-short`` (said at the end of training, never logged as a
+    verdict event). When ``fit`` is called in a
     loop and the script frees its data between the calls (``del`` + ``gc.collect()``),
     the monitor also measures what stayed after the collection and what a
     ``malloc_trim(0)`` right after it gives back (:class:`memfit.memory.allocator.
@@ -197,7 +199,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         """Keeps ``verdict``; logs it, and says it, when its kind changes."""
         previous = self.verdict.kind if self.verdict else None
         self.verdict = verdict
-        if verdict.kind != previous and verdict.kind != "unknown":
+        if verdict.kind != previous and verdict.kind != TOO_SHORT:
             assert self.log is not None
             self.log.write(Event.VERDICT, epoch=epoch, **verdict.to_record())
             if self.verbose:

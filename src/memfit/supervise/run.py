@@ -44,6 +44,7 @@ from typing import Any
 
 from memfit import checks, exitcodes
 from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
+from memfit.memory.classify import TOO_SHORT
 from memfit.memory.log import Event, MemoryLog, read_log
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
@@ -390,7 +391,7 @@ class _Supervisor:
         too short to tell (a process per epoch usually does)."""
         judged = judge(self.samples.items, self.wd.log, child.started,
                        child.ended - child.started, self.command)
-        if judged.verdict.kind == "unknown":
+        if judged.verdict.kind == TOO_SHORT:
             return None
         self.log.write(Event.VERDICT, pid=child.pid, source="run", **judged.to_record())
         return judged
