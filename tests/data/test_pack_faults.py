@@ -29,3 +29,17 @@ def test_the_campaign_sees_a_stray_file(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     assert faults_pack.strays(tmp_path) == [".tmp-123-train-00000-of-00001.tfrecord",
                                             "notes.txt"]
+
+
+def test_sigkill_during_overwrite_leaves_old_or_new_then_rerun_is_byte_identical(tmp_path):
+    """`memfit pack --overwrite` over a different dataset, SIGKILLed at random instants
+    while it runs: the path holds the old dataset or the new one, whole and verifying
+    (the old code left neither), and the rerun the new one with nothing beside it."""
+    lines = []
+    outcome = faults_pack.campaign_overwrite(tmp_path, kills=3, seed=11, size=32 * 2**20,
+                                             shards=16, earliest=faults_pack.startup_seconds(),
+                                             log=lines.append)
+    assert outcome.kills == 3 and outcome.held_old + outcome.held_new == 3, outcome.details
+    assert outcome.held_neither == 0 and outcome.verify_failed == 0, outcome.details
+    assert outcome.identical == 3 and outcome.stray_files == 0, outcome.details
+    assert outcome.ok and "| 3 |" in outcome.table()

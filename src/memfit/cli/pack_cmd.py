@@ -8,6 +8,7 @@ examples:
   memfit pack x=images.npy y=labels.npy -o data/arrays --format arrays --split train=0.9,val=0.1
   memfit pack data.npz -o data/all --split train=0.9,val=0.1 --shard-size 128MiB
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
+  memfit pack x=images.npy y=labels.npy -o data/train --overwrite   # replace it, safely
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle and split (0)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the source order")
     p.add_argument("--workers", type=count, default=1, help="parallel writer processes (1)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset in --output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset in --output: the new one is written beside it "
+                        "and swapped in, so a failure or kill leaves the old or the new "
+                        "(rerun the same command to finish a killed one)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
