@@ -12,6 +12,11 @@ its kills:
   steps only, not skipped ones);
 - `phases.log`: one line per change, `TIME PID PHASE ITERATIONS`.
 
+With `--config callbacks` the run also has EarlyStopping, ReduceLROnPlateau,
+ModelCheckpoint (best only, and every 7 batches), CSVLogger, TensorBoard, a
+LearningRateScheduler, TerminateOnNaN and a user callback with get_state/set_state, and OUT
+gets `callbacks.json` (their end states) and `log.csv`, which the campaign compares too.
+
 Phases: import (interpreter start to the session), build (model and data), restore
 (fit's start: the checkpoint is loaded, the done steps are skipped), step (a training
 step), epoch-end (after an epoch's last step: validation, callbacks, the epoch's
@@ -55,6 +60,11 @@ CONFIGS = {
     # tf.distribute.MirroredStrategy over two logical CPU devices
     "mirrored": {"data": "cls", "every": 5, "validation": True, "metrics": True,
                  "mirrored": True},
+    # the callbacks people use beside memfit, on noise labels so that validation stalls:
+    # ReduceLROnPlateau lowers the rate and EarlyStopping ends the run early (at least
+    # 12 epochs are asked for); their state must survive every kill
+    "callbacks": {"data": "noise", "every": 6, "validation": True, "metrics": False,
+                  "callbacks": True, "min_epochs": 12},
 }
 
 p = argparse.ArgumentParser()
@@ -115,8 +125,56 @@ class After(keras.callbacks.Callback):
         phase("epoch-end" if last else "step", iterations(self.model))
 
 
+class Counter(keras.callbacks.Callback):
+    """A user's stateful callback, with memfit's get_state/set_state protocol."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches, self.epochs = 0, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+    def get_state(self):
+        return {"batches": self.batches, "epochs": list(self.epochs)}
+
+    def set_state(self, state):
+        self.batches, self.epochs = state["batches"], list(state["epochs"])
+
+
+def common_callbacks(out: str) -> tuple[list, dict]:
+    named = {
+        "stop": keras.callbacks.EarlyStopping(patience=3, restore_best_weights=True),
+        "plateau": keras.callbacks.ReduceLROnPlateau(patience=1, factor=0.5),
+        "best": keras.callbacks.ModelCheckpoint(os.path.join(out, "best.weights.h5"),
+                                                save_best_only=True, save_weights_only=True),
+        "every": keras.callbacks.ModelCheckpoint(os.path.join(out, "every.weights.h5"),
+                                                 save_weights_only=True, save_freq=7),
+        "csv": keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
+        "board": keras.callbacks.TensorBoard(os.path.join(out, "tb"), update_freq=5),
+        "schedule": keras.callbacks.LearningRateScheduler(
+            lambda epoch, lr: lr * 0.9 if epoch % 2 else lr),
+        "nan": keras.callbacks.TerminateOnNaN(),
+        "counter": Counter(),
+    }
+    return list(named.values()), named
+
+
+def callback_summary(named: dict) -> dict:
+    return {"stopped_epoch": named["stop"].stopped_epoch,
+            "best_epoch": named["stop"].best_epoch, "best": float(named["best"].best),
+            "plateau_best": float(named["plateau"].best),
+            "every_seen": named["every"]._batches_seen_since_last_saving,
+            "train_batch": named["board"]._global_train_batch,
+            "test_batch": named["board"]._global_test_batch,
+            "counter": named["counter"].get_state()}
+
+
 def build(kind: str) -> keras.Model:
-    if kind == "cls":
+    if kind in ("cls", "noise"):
         model = keras.Sequential([
             keras.Input((16,)),
             keras.layers.Dense(32, activation="relu"),
@@ -153,8 +211,12 @@ with memfit.session(seed=7, checkpoint_every=config["every"], deterministic=True
     train = s.dataset(data, 32, split="train", features=("x", "y"))
     val = (memfit.dataset(data, 32, split="val", features=("x", "y"), shuffle=False)
            if config["validation"] else None)
-    history = model.fit(train, validation_data=val, epochs=args.epochs,
-                        callbacks=[Before(), s.callback, After()], verbose=0)
+    extra, named = common_callbacks(OUT) if config.get("callbacks") else ([], {})
+    # The session's callback sits among the others, not at either end.
+    callbacks = [Before(), *extra[:2], s.callback, *extra[2:], After()]
+    history = model.fit(train, validation_data=val,
+                        epochs=max(args.epochs, config.get("min_epochs", 0)),
+                        callbacks=callbacks, verbose=0)
     phase("finish")
 
 tmp = os.path.join(OUT, ".tmp-final.npz")
@@ -163,3 +225,6 @@ with open(tmp, "wb") as f:
 os.replace(tmp, os.path.join(OUT, "final.npz"))
 with open(os.path.join(OUT, "history.json"), "w") as f:
     json.dump(history.history, f)
+if named:
+    with open(os.path.join(OUT, "callbacks.json"), "w") as f:
+        json.dump(callback_summary(named), f)

@@ -6,7 +6,10 @@ check that it ends bit-identical to an uninterrupted run.
 
 Each configuration of benchmarks/fault_train.py (checkpoint_every dividing the epoch's
 steps and not, with and without validation and metrics, Dropout/BatchNormalization/
-augmentation, MirroredStrategy over two logical CPUs) is first run once, uninterrupted.
+augmentation, MirroredStrategy over two logical CPUs, and the callbacks people use beside
+memfit: EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, CSVLogger, TensorBoard,
+LearningRateScheduler, TerminateOnNaN and a user callback with get_state/set_state) is
+first run once, uninterrupted.
 Then, per run, the training is started again and again in a fresh workdir until it
 finishes; each of the first K processes is killed once. A kill picks a phase at random
 (start-up and import, model build, restore, a training step, an epoch's end with its
@@ -15,7 +18,9 @@ kills it after a delay drawn uniformly over that phase's length in the uninterru
 run: a random instant inside a random phase. The phase the process was really in at
 its death is read back from the file it keeps, and counted. After every kill the newest
 checkpoint must pass its checksums and load. At the end, weights and history must equal
-the uninterrupted run's bit for bit.
+the uninterrupted run's bit for bit (for the callbacks configuration the history's length
+is the stopping epoch and its ``learning_rate`` the rate history; the callbacks' end
+states and the CSVLogger file must equal too).
 
 SIGKILL kills use their own restart loop (like `while ! python train.py; do :; done`),
 not `memfit run`, whose crash-loop guard would rightly stop a run killed twice at the
@@ -65,6 +70,9 @@ def make_data(path: Path) -> None:
     yi = np.argmax(xi.reshape(800, -1)[:, :4], axis=1).astype("int64")
     memfit.pack({"x": xi, "y": yi}, path / "img", shards=2, split="train=0.8,val=0.2",
                 progress=False)
+    yn = rng.integers(0, 4, size=800).astype("int64")        # noise: validation stalls
+    memfit.pack({"x": x, "y": yn}, path / "noise", shards=2, split="train=0.8,val=0.2",
+                progress=False)
 
 
 def command(data: Path, out: Path, config: str, epochs: int) -> list[str]:
@@ -106,16 +114,22 @@ def durations(out: Path, started: float) -> dict[str, float]:
     return means
 
 
-def finals(out: Path) -> tuple[list[np.ndarray], dict]:
+def finals(out: Path) -> tuple[list[np.ndarray], dict, dict | None, str | None]:
+    """Weights, history (its length is the stopping epoch; ``learning_rate`` the rate of
+    every epoch, where ReduceLROnPlateau logs it) and, for the callbacks configuration,
+    the callbacks' end states and the CSVLogger file."""
     with np.load(out / "final.npz") as f:
         weights = [f[k] for k in f.files]
-    return weights, json.loads((out / "history.json").read_text())
+    extra = out / "callbacks.json"
+    return (weights, json.loads((out / "history.json").read_text()),
+            json.loads(extra.read_text()) if extra.exists() else None,
+            (out / "log.csv").read_text() if (out / "log.csv").exists() else None)
 
 
 def identical(a: tuple, b: tuple) -> bool:
     return (len(a[0]) == len(b[0])
             and all(np.array_equal(x, y) for x, y in zip(a[0], b[0], strict=True))
-            and a[1] == b[1])
+            and a[1:] == b[1:])
 
 
 def checkpoint_loads(workdir: Path) -> str | None:
@@ -391,7 +405,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", default="divides,uneven,augment,mirrored")
+    p.add_argument("--configs", default="divides,uneven,augment,mirrored,callbacks")
     p.add_argument("--runs", type=int, default=5, help="SIGKILL runs per configuration")
     p.add_argument("--kills", type=int, default=5, help="SIGKILLs per run")
     p.add_argument("--terms", type=int, default=2,
