@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import memfit
@@ -29,17 +31,24 @@ from memfit.share.cluster import (
     run_on_ray,
 )
 from memfit.share.cluster_nodes import Node, place, ray_options
+from memfit.share.cluster_tether import tethered
 from memfit.share.planner import plan
 from memfit.supervise import CheckpointStore
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import faults  # noqa: E402
+import ray_faults  # noqa: E402
+
 MIB = 2**20
 LOOPBACK = "127.0.0.1"
 NODE_MEMORY = 800 * MIB
 STORE = 80 * MIB                # Ray's smallest object store: the jobs pass no data
 TRAIN = Path(__file__).parent / "ray_scripts" / "train.py"
+END_THEN_FREEZE = Path(__file__).parent / "ray_scripts" / "end_then_freeze.py"
+SEED_ENV = "MEMFIT_RAY_FAULT_SEED"      # replays test_a_node_killed_at_a_random_instant...
 BASE = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
 
 
@@ -292,3 +301,115 @@ def _latest(store: CheckpointStore):
         return store.latest()
     except Exception:       # noqa: BLE001 - not written yet
         return None
+
+
+def test_the_tether_writes_how_its_command_ended_the_instant_it_ends(tmp_path):
+    """exit.json: the command's exit status, written by the tether (a temporary name, then
+    renamed); a tether that is itself killed writes nothing."""
+    status = tmp_path / "exit.json"
+    before = time.time()
+    done = subprocess.run(tethered([sys.executable, "-c", "raise SystemExit(3)"],
+                                   status=status))
+    assert done.returncode == 3
+    written = json.loads(status.read_text())
+    assert written["code"] == 3 and before <= written["t"] <= time.time()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit.json"]
+    status.unlink()
+    proc = subprocess.Popen(tethered([sys.executable, "-c", "import time; time.sleep(30)"],
+                                     status=status))
+    time.sleep(0.5)
+    proc.kill()
+    assert proc.wait(timeout=30) == -9
+    time.sleep(0.2)
+    assert not status.exists()
+
+
+def _two_workers(cluster) -> None:
+    """Back to two live workers (a test before may have killed one)."""
+    while len(cluster.worker_nodes) < 2:
+        cluster.add_node(**_node_args(num_cpus=4, memory=NODE_MEMORY))
+    cluster.wait_for_nodes()
+
+
+def _raylet(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
+def test_a_job_that_ended_is_not_run_again_when_its_node_dies_before_ray_heard(
+        cluster, tmp_path):
+    """The job ends (exit 0) and its node dies before its Ray task could tell the driver:
+    Ray retries the task on the other worker, and the retry reports the end from what the
+    tether wrote (exit.json) instead of running the job a second time, which would charge
+    it twice and, for a job that keeps no checkpoint, redo all its work."""
+    _two_workers(cluster)
+    runs, workdir = tmp_path / "runs.txt", tmp_path / "share"
+    killed: list[str] = []
+
+    def kill_its_node() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            lines = runs.read_text().split() if runs.exists() else []
+            if lines:
+                worker = psutil.Process(int(lines[1]))
+                while worker.status() != psutil.STATUS_STOPPED:
+                    time.sleep(0.01)
+                above = {p.pid for p in worker.parents()}
+                node = next(n for n in cluster.worker_nodes if _raylet(n) in above)
+                killed.append(node.node_id[:8])
+                worker.kill()
+                cluster.remove_node(node, allow_graceful=False)
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_its_node, daemon=True)
+    killer.start()
+    result = run_on_ray([{"name": "once", "need": "16MiB", "env": BASE,
+                          "command": [sys.executable, str(END_THEN_FREEZE), str(runs)]}],
+                        address=cluster.address, overhead="64MiB", device="cpu",
+                        workdir=workdir, interval=0.2, out=False)
+    killer.join(timeout=10)
+    assert killed, "the job's node was never killed"
+    assert len(runs.read_text().splitlines()) == 1, runs.read_text()    # it ran once
+    job = result["once"]
+    assert (job.state, job.exit_code) == ("finished", 0), job.reason
+    assert result.nodes_of["once"] == (killed[0],)
+    ends = [r for r in _records(workdir) if r["event"] == Event.EXIT]
+    assert [(r["job"], r["attempt"], r["node"], r["state"]) for r in ends] == \
+        [("once", 1, killed[0], "finished")]
+    assert json.loads((workdir / "jobs" / "once" / "job.json").read_text())["state"] == \
+        "finished"
+    _two_workers(cluster)
+
+
+def test_a_node_killed_at_a_random_instant_loses_nothing(cluster, tmp_path):
+    """One kill of benchmarks/ray_faults.py: a training's node dies at a random instant of
+    a random phase (start-up, build, restore, step, epoch end, checkpoint write, its end),
+    its Ray processes only or the whole machine. The job must end bit-identical to an
+    uninterrupted run, accounted once. The seed changes every run and is in the message;
+    $MEMFIT_RAY_FAULT_SEED replays one."""
+    seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(10**6))
+    _two_workers(cluster)
+    data, reference = tmp_path / "data", tmp_path / "reference"
+    faults.make_data(data)
+    started = time.time()
+    subprocess.run(faults.command(data, reference / "out", "divides", 2), check=True,
+                   env={**os.environ, **ray_faults.JOB_ENV, WORKDIR_ENV: str(reference / "wd")},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lengths = {"divides": faults.durations(reference / "out", started)}
+    finals = {"divides": faults.finals(reference / "out")}
+    pending, told = ray_faults.draws(seed, 1), []
+    for n in range(2):          # a phase shorter than the killer's poll may pass unseen:
+        root = tmp_path / f"round-{n}"      # the kill then waits for the next share
+        job = ray_faults.Job("victim", "divides", root / "out" / "victim",
+                             root / "share" / "jobs" / "victim", supervised=seed % 2 == 1)
+        outcome = ray_faults.run_round(
+            cluster, [job], root, data, pending, lengths, finals, 2, 1, told.append,
+            node=_node_args(num_cpus=4, memory=NODE_MEMORY))
+        what = f"seed {seed} ({SEED_ENV}={seed} replays it): {pending} {told} {outcome}"
+        assert outcome["jobs"]["victim"]["identical"], what
+        assert not outcome["problems"], what
+        assert not any(k["checkpoint_problems"] for k in outcome["kills"]), what
+        if outcome["kills"]:
+            break
+    assert outcome["kills"] and not pending, what
+    assert ray_faults.leftovers(outcome["kills"]) == 0, what
+    _two_workers(cluster)

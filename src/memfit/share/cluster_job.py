@@ -22,7 +22,13 @@ one machine, for one job:
   memory until it executes its program, and the tree's sum reads twice the job's memory
   for that instant;
 - writes ``job_start``, ``kill``, ``restart`` and ``exit`` events (with ``node``) to the
-  share's log and the job's ``job.json`` record, and returns what happened.
+  share's log and the job's ``job.json`` record, and returns what happened;
+- runs a job once: the tether writes how the job ended to ``WORKDIR/jobs/NAME/exit.json``
+  the instant it ends. Should the node die after that but before Ray heard of the end
+  (the task's wait, its log lines, its reply to the driver), Ray retries the task; the
+  retry finds the file, reports the end from it and the log (an ``exit`` event, unless
+  the dead attempt wrote one) and does not start the job again, which would charge it a
+  second time (and run again from scratch a job that keeps no checkpoint).
 
 Ray's Ctrl-C (``ray.cancel``) reaches it as ``KeyboardInterrupt``: the job gets SIGTERM,
 then SIGKILL after :data:`STOP_GRACE` seconds.
@@ -37,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +97,90 @@ def _signal_name(code: int) -> str:
         return f"signal {code - 128}"
 
 
+def _peaks(records: list[dict], on_gpu: bool) -> tuple[int | None, int | None]:
+    """``(peak, host peak)`` of an attempt's logged samples."""
+    host = [r.get("rss_anon", r.get("rss")) for r in records]
+    gpu = [r.get("nvml") for r in records]
+    host_peak = max((v for v in host if isinstance(v, int)), default=None)
+    gpu_peak = max((v for v in gpu if isinstance(v, int)), default=None)
+    return (gpu_peak if on_gpu else host_peak), host_peak
+
+
+def _ended_earlier(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog,
+                   since: float) -> dict[str, Any] | None:
+    """What happened to a job an earlier attempt of this share ran to its end (its
+    tether wrote ``exit.json``) on a node that died before Ray heard; ``None`` when no
+    attempt of this share did."""
+    try:
+        status = json.loads(files.exit_status.read_text(encoding="utf-8"))
+        code, ended = int(status["code"]), float(status["t"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if ended < since:
+        return None             # an earlier share's: this one runs the job
+    try:
+        mine = [r for r in read_log(log.path) if r.get("job") == job.name and r["t"] >= since]
+    except (LogError, OSError):
+        mine = []
+    starts = [r for r in mine if r["event"] == Event.JOB_START]
+    start = starts[-1] if starts else {}
+    attempt = start.get("attempt", 1)
+    of_it = [r for r in mine if r.get("attempt") == attempt]
+    exits = [r for r in of_it if r["event"] == Event.EXIT]
+    over = [r for r in of_it if r["event"] == Event.KILL and r.get("reason") == "over-share"]
+    peak, host_peak = _peaks([r for r in of_it if r["event"] == Event.SAMPLE],
+                             device.startswith("gpu"))
+    stopped, reason = None, ""
+    if over and not job.restart:
+        stopped = "over-share"
+        what = "NVML" if device.startswith("gpu") else "anonymous RSS"
+        reason = (f"{what} {format_size(int(over[-1].get('value', 0)))} went above its "
+                  f"share {format_size(job.charge)} on node {start.get('node')}")
+    where = {"job": job.name, "node": start.get("node"), "attempt": attempt}
+    return _finish(job, device, files, log, where, start.get("pid"), code,
+                   float(start.get("t", ended)), ended, stopped, reason, peak, host_peak,
+                   start.get("node_id"), start.get("address"),
+                   told=exits[-1] if exits else None)
+
+
+def _finish(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog,
+            where: dict[str, Any], pid: int | None, code: int, started: float,
+            ended: float, stopped: str | None, reason: str, peak: int | None,
+            host_peak: int | None, node_id: str | None, address: str | None,
+            told: dict | None = None) -> dict[str, Any]:
+    """Logs the job's end (``restart`` and ``exit`` events, unless ``told``: the exit
+    event an attempt already wrote), writes its ``job.json`` and returns its record."""
+    restarts, stop = files.supervisor_events(started) if job.restart else ([], "")
+    if stopped == "over-share":
+        state = "stopped"
+    elif stopped == "interrupted":
+        state = "interrupted"
+    elif code == 0:
+        state = "finished"
+    else:
+        state = "failed"
+        reason = stop or (f"killed by {_signal_name(code)}" if code > 128
+                          else f"exit code {code}")
+    if told is not None:
+        state, reason = str(told.get("state", state)), str(told.get("reason", reason))
+        reason = "" if reason == state else reason
+    else:
+        for r in restarts:
+            log.write(Event.RESTART, pid=pid, t=r["t"], reason=r.get("reason"), **where)
+        log.write(Event.EXIT, pid=pid, t=ended, code=code, state=state,
+                  reason=reason or state, peak=peak, duration=ended - started, **where)
+    log.close()
+    files.write_record(JobRecord(
+        name=job.name, command=job.command, device=device, exit_code=code, state=state,
+        peak=peak, host_peak=host_peak, share=job.charge, need=job.need,
+        need_source=job.need_source, duration=ended - started, restarts=len(restarts),
+        t=ended))
+    return {"name": job.name, "state": state, "exit_code": code, "reason": reason,
+            "peak": peak, "host_peak": host_peak, "pid": pid, "started": started,
+            "ended": ended, "restarts": len(restarts), "node": where["node"],
+            "node_id": node_id, "address": address, "attempt": where["attempt"]}
+
+
 def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             since: float, quiet: bool = False) -> dict[str, Any]:
     """Runs one planned job on this node and holds it to its share (a Ray task's body).
@@ -114,12 +205,17 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
     node = node_id[:8]
     files = JobFiles.of(workdir, job.name).create()
     log = MemoryLog(Workdir(workdir).log, source="share", header=False)
+    earlier = _ended_earlier(job, device, files, log, since)
+    if earlier is not None:     # it ended on a node that died before Ray heard
+        return earlier
+    files.exit_status.unlink(missing_ok=True)       # an earlier share's
     attempt = attempts(log.path, job.name, since) + 1
     on_gpu = device.startswith("gpu")
     env = job_environment(job, device, files)
     if on_gpu:                  # the card(s) Ray gave this task, not the plan's index
         env[CUDA_DEVICES_ENV] = os.environ.get(CUDA_DEVICES_ENV, env[CUDA_DEVICES_ENV])
-    command = tethered(job_command(job, device, files, interval=interval))
+    command = tethered(job_command(job, device, files, interval=interval),
+                       status=files.exit_status)
     where = {"job": job.name, "node": node, "attempt": attempt}
     started = time.time()
     try:
@@ -172,31 +268,7 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
         proc.wait(timeout=STOP_GRACE)
     ended = time.time()
     code = exit_code(proc.returncode if proc.returncode is not None else -signal.SIGKILL)
-    restarts, stop = files.supervisor_events(started) if job.restart else ([], "")
-    for r in restarts:
-        log.write(Event.RESTART, pid=proc.pid, t=r["t"], reason=r.get("reason"), **where)
-    if stopped == "over-share":
-        state = "stopped"
-    elif stopped == "interrupted":
-        state = "interrupted"
-    elif code == 0:
-        state = "finished"
-    else:
-        state = "failed"
-        reason = stop or (f"killed by {_signal_name(code)}" if code > 128
-                          else f"exit code {code}")
     host_peak = None if sampler.peak is None else sampler.peak.anon_or_total
     peak = sampler.gpu_peak if on_gpu else host_peak
-    log.write(Event.EXIT, pid=proc.pid, code=code, state=state, reason=reason or state,
-              peak=peak, duration=ended - started, **where)
-    log.close()
-    files.write_record(JobRecord(
-        name=job.name, command=job.command, device=device, exit_code=code, state=state,
-        peak=peak, host_peak=host_peak, share=job.charge, need=job.need,
-        need_source=job.need_source, duration=ended - started, restarts=len(restarts),
-        t=ended))
-    return {"name": job.name, "state": state, "exit_code": code, "reason": reason,
-            "peak": peak, "host_peak": host_peak, "pid": proc.pid, "started": started,
-            "ended": ended, "restarts": len(restarts), "node": node, "node_id": node_id,
-            "address": address, "attempt": attempt}
-
+    return _finish(job, device, files, log, where, proc.pid, code, started, ended, stopped,
+                   reason, peak, host_peak, node_id, address)

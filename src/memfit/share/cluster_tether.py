@@ -1,7 +1,7 @@
 """A command tethered to the process that started it: when that one dies, the command is
 sent SIGTERM, and its own children are its business, as after a preemption.
 
-    python -I .../memfit/share/cluster_tether.py STARTER_PID -- COMMAND [ARGS...]
+    python -I .../memfit/share/cluster_tether.py STARTER_PID [--status FILE] -- COMMAND...
 
 A Ray worker that runs a memfit job starts it this way. When the worker dies (its node is
 removed, its raylet crashes, the task is force-cancelled), Ray SIGKILLs the worker's
@@ -18,7 +18,12 @@ So the worker's child is this small tether, which:
    checkpointing after the current step and exiting, and ``memfit run`` passes on to its
    training process;
 3. passes SIGINT and SIGTERM on to it, waits for it and exits as it did (128 + N when
-   it was killed by signal N).
+   it was killed by signal N);
+4. with ``--status FILE``, writes how the command ended (``{"code": N, "t": TIME,
+   "pid": PID}``, JSON, under a temporary name then renamed) the instant it ends, before
+   exiting itself. The starter learns of the end later (a Ray task: its sample's wait,
+   its log, its reply to the driver); should its node die in between, a retry of the
+   task reads the file and reports the end instead of running the command again.
 
 It is run as a file, not as a module of the package, and imports the standard library
 only: the tether's own memory (a bare Python, about 2 MiB anonymous) is part of the job's
@@ -36,9 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 __all__ = ["tethered", "tether_to_parent", "main"]
@@ -46,21 +53,28 @@ __all__ = ["tethered", "tether_to_parent", "main"]
 _PR_SET_PDEATHSIG = 1
 
 
-def tethered(command: Sequence[str], starter: int | None = None) -> list[str]:
+def tethered(command: Sequence[str], starter: int | None = None,
+             status: str | os.PathLike | None = None) -> list[str]:
     """``command`` run through this module: sent SIGTERM when ``starter`` dies.
 
     Example:
         >>> tethered(["python", "train.py"], starter=42)[-4:]
         ['42', '--', 'python', 'train.py']
+        >>> tethered(["python", "train.py"], starter=42, status="exit.json")[-6:-2]
+        ['42', '--status', 'exit.json', '--']
         >>> tethered(["python", "train.py"])[2].endswith("cluster_tether.py")
         True
 
     Args:
         command: the program and its arguments.
         starter: the process that will start it (default: this one).
+        status: a file where the tether writes how the command ended, the instant it
+            ends (default: none).
     """
     pid = os.getpid() if starter is None else starter
-    return [sys.executable, "-I", os.path.abspath(__file__), str(pid), "--", *command]
+    more = [] if status is None else ["--status", os.fspath(status)]
+    return [sys.executable, "-I", os.path.abspath(__file__), str(pid), *more, "--",
+            *command]
 
 
 def tether_to_parent(sig: int = signal.SIGTERM) -> bool:
@@ -100,16 +114,32 @@ def _run_child(command: list[str], tether: int) -> None:
         os._exit(126)
 
 
+def _write_status(path: str, code: int, pid: int) -> None:
+    """How the command ended, in ``path`` (a temporary name, then renamed). A status that
+    cannot be written only means a retry runs the command again, as before."""
+    tmp = os.path.join(os.path.dirname(path) or ".",
+                       f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    with contextlib.suppress(OSError):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"code": code, "t": time.time(), "pid": pid}, f)
+        os.replace(tmp, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command tethered; returns its exit status as a shell tells it.
 
     Args:
-        argv: ``[STARTER_PID, "--", COMMAND...]`` (default: ``sys.argv[1:]``).
+        argv: ``[STARTER_PID, ["--status", FILE,] "--", COMMAND...]`` (default:
+            ``sys.argv[1:]``).
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    status = None
+    if len(args) > 2 and args[1] == "--status":
+        status = args[2]
+        del args[1:3]
     if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
-        print("usage: python -I cluster_tether.py STARTER_PID -- COMMAND [ARGS...]",
-              file=sys.stderr)
+        print("usage: python -I cluster_tether.py STARTER_PID [--status FILE] -- "
+              "COMMAND [ARGS...]", file=sys.stderr)
         return 2
     tether_to_parent(signal.SIGKILL)
     _clean_signals()
@@ -128,13 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, forward)
     while True:
         try:
-            _, status = os.waitpid(child, 0)
+            _, ended = os.waitpid(child, 0)
             break
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
+    code = 128 + os.WTERMSIG(ended) if os.WIFSIGNALED(ended) else os.WEXITSTATUS(ended)
+    if status is not None:
+        _write_status(status, code, child)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
       jobs/NAME/                  one directory per job (JobFiles)
         stdout.log, stderr.log    the job's output
         job.json                  what its last run measured (JobRecord)
+        exit.json                 on Ray: how the job ended, written by its tether
         memory.jsonl, checkpoints/    memfit run's own, for a supervised job
 
 The runner writes ``job.json`` when a job ends; the planner reads it to learn a need the
@@ -37,11 +38,12 @@ from memfit.atomic import temporary_name
 from memfit.memory.log import Event, LogError, read_log
 from memfit.workdir import Workdir
 
-__all__ = ["DEFAULT_WORKDIR", "RECORD_NAME", "STDOUT_NAME", "STDERR_NAME", "JobFiles",
-           "JobRecord"]
+__all__ = ["DEFAULT_WORKDIR", "RECORD_NAME", "EXIT_STATUS_NAME", "STDOUT_NAME",
+           "STDERR_NAME", "JobFiles", "JobRecord"]
 
 DEFAULT_WORKDIR = "memfit-share"
 RECORD_NAME = "job.json"          # WORKDIR/jobs/NAME/job.json: what the last run measured
+EXIT_STATUS_NAME = "exit.json"    # on Ray: how the job ended, written the instant it ends
 STDOUT_NAME = "stdout.log"
 STDERR_NAME = "stderr.log"
 
@@ -76,6 +78,13 @@ class JobFiles:
     def record(self) -> Path:
         """``job.json``: what the job's last run measured."""
         return self.directory / RECORD_NAME
+
+    @property
+    def exit_status(self) -> Path:
+        """``exit.json``: how the job ended, written by its tether on Ray the instant it
+        ends (:mod:`memfit.share.cluster_tether`), so that a retry of its task after its
+        node died does not run it again."""
+        return self.directory / EXIT_STATUS_NAME
 
     def create(self) -> JobFiles:
         """Makes the directory (and its parents); returns ``self``."""
