@@ -289,6 +289,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="pack --workers (1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="kill `memfit pack --overwrite` replacing a different dataset")
+    parser.add_argument("--after-startup", action="store_true",
+                        help="draw delays from the end of `python -m memfit`'s start-up")
     parser.add_argument("--workdir", help="where to work (default: a temporary directory)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="memfit-faults-pack-"))
@@ -297,7 +299,8 @@ def main() -> int:
     try:
         outcome = run(workdir, kills=args.kills, seed=args.seed,
                       size=parse_size(args.size, name="size"), shards=args.shards,
-                      workers=args.workers, log=lambda m: print(m, file=sys.stderr))
+                      workers=args.workers, log=lambda m: print(m, file=sys.stderr),
+                      earliest=startup_seconds() if args.after_startup else 0.0)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -176,7 +176,9 @@ def test_users_files_are_kept_across_formats(tmp_path):
     before = _files(out)
     memfit.pack(inputs, out, format="arrays", split="train=0.5,val=0.5", progress=False)
     (out / "train" / "README").write_text("about train")
+    x_inode = os.stat(out / "x.npy").st_ino
     memfit.pack(inputs, out, shards=2, overwrite=True, progress=False)
+    assert os.stat(out / "x.npy").st_ino == x_inode             # linked across, not copied
     got = _files(out)
     readme = hashlib.sha256(b"about train").hexdigest()
     assert {k: got[k] for k in before} == before and got["train/README"] == readme
@@ -226,3 +228,19 @@ def test_overwrite_from_inside_the_directory_is_refused(setting, monkeypatch):
     with pytest.raises(DatasetError, match="working directory .* is inside"):
         _pack_new(out)
     assert _files(out) == old and sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+def test_a_symlinked_directory_is_replaced_where_it_really_is(setting, monkeypatch):
+    """The sibling goes beside the real directory (the link is kept); where a hard link
+    cannot be made the user's files are copied."""
+    out, _, new = setting
+    link = out.parent.parent / "link"
+    link.symlink_to(out)
+    kept = out.parent.parent / "notes.kept"
+    os.link(out / "notes.txt", kept)                            # the user's inode
+    monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(
+        OSError(errno.EPERM, "no hard links here")))
+    r = _pack_new(link)
+    assert r.path == link and link.is_symlink()
+    _after_rerun(out, new)
+    assert not os.path.samefile(out / "notes.txt", kept)       # a copy, not a link
