@@ -244,3 +244,13 @@ def test_a_symlinked_directory_is_replaced_where_it_really_is(setting, monkeypat
     assert r.path == link and link.is_symlink()
     _after_rerun(out, new)
     assert not os.path.samefile(out / "notes.txt", kept)       # a copy, not a link
+
+
+def test_a_pack_still_writing_into_the_directory_is_not_replaced(setting):
+    out, old, _ = setting
+    busy = out / f".tmp-{os.getppid()}-train-00000-of-00003.tfrecord"
+    busy.write_bytes(b"being written")
+    with pytest.raises(DatasetError, match=f"pid {os.getppid()}, still running"):
+        _pack_new(out)
+    busy.unlink()
+    assert _files(out) == old and sorted(p.name for p in out.parent.iterdir()) == ["out"]

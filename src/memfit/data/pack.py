@@ -39,6 +39,7 @@ from memfit.data.pack_output import (
     STATE,
     already_packed,
     check_output,
+    clear_stale_temporaries,
     prepare_output,
     remove,
     undo,
@@ -218,6 +219,7 @@ def _replace(src: ArraySource | StreamSource, out: Path, options: PackOptions,
     """Packs beside ``out`` and swaps the new dataset in (:mod:`memfit.data.pack_replace`):
     the old one stays whole until then. A rerun after a killed replacement resumes its
     shards, or finds its work done (``out`` holds this very pack, every file verified)."""
+    clear_stale_temporaries(out, keep)     # refuses a pack still writing into out
     staging = Staging(out)
     try:
         if staging.leftover or swapped:

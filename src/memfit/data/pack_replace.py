@@ -79,8 +79,8 @@ def _real(out: Path) -> Path:
 
 def check_replaceable(out: Path) -> None:
     """Refuses, before anything is written, a dataset directory that cannot be replaced
-    by a sibling: a mount point, a directory whose parent is not writable, the working
-    directory (or one holding it).
+    by a sibling: a mount point, a directory that is not writable or whose parent is not,
+    the working directory (or one holding it).
 
     Raises:
         DatasetError: saying why and what to do instead.
@@ -94,6 +94,9 @@ def check_replaceable(out: Path) -> None:
                            f"directory ({how}). Pack into a directory under it (e.g. -o "
                            f"{str(Path(shown) / 'data')!r}), or delete the old dataset yourself "
                            f"and pack without overwrite. Received: output={shown!r}")
+    if not os.access(real, os.W_OK | os.X_OK):
+        raise DatasetError(f"The output directory {shown!r} is not writable. Choose another "
+                           f"output directory. Received: output={shown!r}")
     if not os.access(real.parent, os.W_OK | os.X_OK):
         raise DatasetError(f"{str(real.parent)!r}, the directory holding {shown!r}, is not "
                            f"writable ({how}, there). Pack into a writable place, or delete "
