@@ -12,11 +12,14 @@ worker and three do not. The jobs are benchmarks/fault_train.py, the training th
 benchmarks/faults.py kills (``memfit.session(deterministic=True)`` streaming a packed
 set), in its ``divides``, ``uneven`` and ``augment`` configurations. It records the phase
 it is in (a small file rewritten at every change: start-up ``import``, ``build``,
-``restore``, ``step``, ``epoch-end``, ``checkpoint``), and that is how a kill is aimed.
+``restore``, ``step``, ``epoch-end``, ``checkpoint``, ``finish``), and that is how a kill is
+aimed. One more phase is the campaign's: ``exit``, once the job has ended (its training,
+and ``memfit run`` when supervised) while its Ray task is still telling the driver.
 
 The campaign runs rounds: one :func:`memfit.share.cluster.run_on_ray` of two jobs (one of
-them supervised, ``restart = true``, by turns), with Ray's default ``max_retries=3``.
-Beside it a killer thread takes the next of the kills drawn from the seed (a phase, how
+them supervised, ``restart = true``, by turns), with Ray's default ``max_retries=3``, in a
+process of its own as a user's would be. Meanwhile the campaign takes the next of the
+kills drawn from the seed (a phase, how
 the node dies, a delay drawn uniformly over that phase's length in the uninterrupted
 run, and, for the phases that recur, a training step from which on it may land), waits
 until a job's training process is in that phase, waits the delay, and kills the worker
@@ -38,10 +41,12 @@ checksums and load. After every round: each job finished, its weights and histor
 the uninterrupted run's bit for bit, and the share log accounts for it once — its
 attempts are numbered 1, 2, 3... with no gap and no repeat; every attempt but the last ran
 on a node that was killed, and the next one started after that kill (never two attempts
-charged at once); only the last attempt has an ``exit`` event; the result lists the
-attempts' nodes in order; a node's death is not counted as a restart; no node was ever
-charged more than its memory, and the share's most charged at once is never above the
-round's total. Prints markdown tables; ``--json`` writes every kill's record.
+charged at once); only the last attempt has an ``exit`` event; a job whose node died after
+it had ended is not started again; the result lists the attempts' nodes in order; a
+node's death is not counted as a restart; no node was ever charged more than its memory,
+and the share's most charged at once is never above the round's total. At the end no
+process of a dead node may still run. Prints markdown tables; ``--json`` writes every
+kill's record.
 """
 
 from __future__ import annotations
@@ -79,7 +84,8 @@ NODE_MEMORY = 1024 * MIB
 NEED, OVERHEAD = "128MiB", "256MiB"
 CONFIGS = ("divides", "uneven", "augment")
 # import, build, restore, step, epoch-end, checkpoint (fault_train.py's), and exit: the
-# training has ended and its Ray task is reporting the job's end
+# job has ended (its training, and memfit run when supervised) and its Ray task is
+# reporting that end
 PHASES = (*faults.PHASES, "exit")
 EXIT_LENGTH = 0.25                  # the task sees its job's end within a sample (0.2 s)
 RECUR = ("step", "epoch-end", "checkpoint")
@@ -89,11 +95,13 @@ JOB_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1",
            "PYTHONWARNINGS": "ignore"}
 LAUNCH = "launch"                   # a victim with no training process yet (task start)
 GONE = "gone"                       # the aimed job had left the node before its death
+WIND_UP = "wind-up"                 # its training had ended, its memfit run not yet
 LABELS = {LAUNCH: "launch (its task started, its training not yet)",
           "import": "start-up (import)", "restore": "restore (checkpoint loaded)",
           "checkpoint": "checkpoint (inside the write)",
           "finish": "finish (after fit: final weights written)",
-          "exit": "exit (training ended, its task reporting)",
+          WIND_UP: "wind-up (training ended, its memfit run not yet)",
+          "exit": "exit (the job ended, its task reporting)",
           GONE: "its task had returned (the node died after the job)"}
 
 
@@ -178,6 +186,20 @@ def node_tree(node) -> list[psutil.Process]:
         return []
 
 
+def job_root(pid: int) -> int:
+    """The job's own process above training ``pid``: the tether's child (``memfit run``
+    for a supervised job, else the training itself)."""
+    below = pid
+    try:
+        for parent in psutil.Process(pid).parents():
+            if "cluster_tether.py" in _cmdline(parent):
+                return below
+            below = parent.pid
+    except psutil.Error:
+        pass
+    return pid
+
+
 def _cmdline(p: psutil.Process) -> str:
     try:
         return " ".join(p.cmdline())
@@ -248,16 +270,17 @@ class Killer:
         return None
 
     def _kill(self, draw: Draw, target: Job, pid: int, delay: float) -> dict | None:
-        if draw.phase == "exit":            # once the training has ended
-            node = node_of(self.cluster, pid)
+        if draw.phase == "exit":            # once the job has ended: reaped by its tether
+            node, root = node_of(self.cluster, pid), job_root(pid)
             deadline = time.monotonic() + 60
-            while alive(pid) and time.monotonic() < deadline:
+            while (psutil.pid_exists(pid) or psutil.pid_exists(root)) \
+                    and time.monotonic() < deadline:
                 time.sleep(0.001)
             time.sleep(delay)
         else:
             time.sleep(delay)
             node = node_of(self.cluster, pid)
-        if node is None or alive(pid) and draw.phase == "exit":
+        if node is None or draw.phase == "exit" and psutil.pid_exists(root):
             return None                     # it ended meanwhile, or hangs: aim again
         name = node.node_id[:8]
         tree = node_tree(node)
@@ -307,8 +330,12 @@ class Killer:
             now = faults.read_phase(job.out)
             if now is not None and now[1] in pids:
                 found[job.name] = (_phase_name(now[0]), now[1], now[2])
-            elif now is not None and now[0] == "finish" and not alive(now[1]):
-                found[job.name] = ("exit", None, now[2])
+            elif now is not None and now[0] == "finish" and now[1] not in self.dead:
+                # its training has been reaped; the job has ended once its tether's child
+                # (memfit run, when supervised) has been too
+                running = [p for p, c in zip(tree, lines, strict=True) if str(job.out) in c
+                           and "cluster_tether.py" not in c and psutil.pid_exists(p.pid)]
+                found[job.name] = (WIND_UP if running else "exit", None, now[2])
             else:
                 found[job.name] = (LAUNCH, None, None)
         return found
@@ -573,7 +600,7 @@ def table(result: dict) -> str:
         (v, k["mode"]) for k in kills for j, v in k["victims"].items() if j != k["job"])
     lines += ["", "| phase the aimed job was in at its node's death | raylet | machine | "
                   "other jobs on the node (raylet / machine) |", "|---|---|---|---|"]
-    for name in (LAUNCH, *PHASES[:-1], "finish", "exit", GONE):
+    for name in (LAUNCH, *PHASES[:-1], "finish", WIND_UP, "exit", GONE):
         row = [phases[(name, m)] for m in MODES]
         extra = [others[(name, m)] for m in MODES]
         if any(row) or any(extra):

@@ -20,10 +20,11 @@ So the worker's child is this small tether, which:
 3. passes SIGINT and SIGTERM on to it, waits for it and exits as it did (128 + N when
    it was killed by signal N);
 4. with ``--status FILE``, writes how the command ended (``{"code": N, "t": TIME,
-   "pid": PID}``, JSON, under a temporary name then renamed) the instant it ends, before
-   exiting itself. The starter learns of the end later (a Ray task: its sample's wait,
-   its log, its reply to the driver); should its node die in between, a retry of the
-   task reads the file and reports the end instead of running the command again.
+   "pid": PID}``, JSON, under a temporary name then renamed) the instant it ends, even
+   before it reaps it: once the command is gone, its end is on disk. The starter learns
+   of the end later (a Ray task: its sample's wait, its log, its reply to the driver);
+   should its node die in between, a retry of the task reads the file and reports the
+   end instead of running the command again.
 
 It is run as a file, not as a module of the package, and imports the standard library
 only: the tether's own memory (a bare Python, about 2 MiB anonymous) is part of the job's
@@ -156,16 +157,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
-    while True:
-        try:
-            _, ended = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    code = 128 + os.WTERMSIG(ended) if os.WIFSIGNALED(ended) else os.WEXITSTATUS(ended)
+    # The status is written while the ended command is still a zombie (waitid's WNOWAIT),
+    # then it is reaped: once the command is gone, its status is on disk.
+    ended = _wait(child, os.WEXITED | os.WNOWAIT)
+    code = 128 + ended.si_status if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) \
+        else ended.si_status
     if status is not None:
         _write_status(status, code, child)
+    _wait(child, os.WEXITED)
     return code
+
+
+def _wait(child: int, options: int) -> os.waitid_result:
+    while True:
+        try:
+            ended = os.waitid(os.P_PID, child, options)
+        except InterruptedError:
+            continue
+        if ended is not None:
+            return ended
 
 
 if __name__ == "__main__":
