@@ -49,3 +49,20 @@ def test_the_report_names_it_too_short(tmp_path):
     assert [v.kind for v in result.verdicts] == [TOO_SHORT]
     page = result.html.read_text()
     assert ">too-short</span>needs ≥ 5 epoch ends in one process, had 2" in page
+
+
+def test_the_doctor_says_growth_was_too_short_to_judge():
+    from memfit.doctor.report import DoctorResult
+    from memfit.memory.classify import too_short
+
+    outside = {**too_short(5.0, 1.2, "s").to_record(), "basis": "time slices"}
+    text = str(DoctorResult(command=("python", "train.py"), exit_code=0, duration=3.0,
+                            findings=(), verdict=outside))
+    assert "No memory problem found in this run" in text
+    assert ("Memory growth: too short to judge: needs ≥ 5.0 s of steady time after the "
+            "start-up and warm-up, had 1.2 s; give the doctor a longer run") in \
+        " ".join(text.split())
+    judged = {**outside, "verdict": "stable", "headline": "stable: ..."}
+    assert "Memory growth:" not in str(DoctorResult(command=("python", "train.py"),
+                                                    exit_code=0, duration=3.0, findings=(),
+                                                    verdict=judged))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.doctor.facts import Finding
+from memfit.memory.classify import TOO_SHORT
 from memfit.memory.probe import Sample
 from memfit.sizes import format_size
 
@@ -147,10 +148,20 @@ class DoctorResult:
             failed = self.exit_code != 0 and self.stopped is None
             lines += textwrap.wrap(("No finding in the part that ran" if failed else
                                     "No memory problem found in this run")
-                                   + f" (checked: {CHECKED}).", WIDTH)
+                                   + f" (checked: {CHECKED}).{self._short()}", WIDTH)
             return "\n".join(lines)
         n = len(self.findings)
         lines.append(f"{n} finding{'s' if n != 1 else ''}, the most memory at stake first:")
         for rank, finding in enumerate(self.findings, start=1):
             lines += ["", format_finding(rank, finding)]
+        if self._short():
+            lines += [""] + textwrap.wrap(self._short().strip(), WIDTH)
         return "\n".join(lines)
+
+    def _short(self) -> str:
+        """For a run too short to judge its growth: a sentence saying so, else ``""``."""
+        v = self.verdict or {}
+        if v.get("verdict") != TOO_SHORT:
+            return ""
+        return (f" Memory growth: {v.get('headline', 'too short to judge')}; give the "
+                f"doctor a longer run (--epochs, --steps or --seconds).")
