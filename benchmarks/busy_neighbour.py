@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,14 +77,22 @@ def run_round(tests: list[str], cpus: set[int] | None) -> tuple[int, float, str]
             os.sched_setaffinity(0, cpus)
 
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *tests], cwd=ROOT, env=env, capture_output=True, text=True,
-                          preexec_fn=pin)
+    # its own session, so that everything it started can be ended with it
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *tests], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=pin,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     seconds = time.monotonic() - started
-    lines = [x for x in proc.stdout.splitlines() if x.strip()]
-    summary = lines[-1].strip("= ") if lines else proc.stderr.strip()[-200:]
+    lines = [x for x in out.splitlines() if x.strip()]
+    summary = lines[-1].strip("= ") if lines else "no output"
     if proc.returncode != 0:
-        print(proc.stdout[-6000:], file=sys.stderr)
+        print(out[-8000:], file=sys.stderr)
     return proc.returncode, seconds, summary
 
 
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", action="store_true")
     p.add_argument("--max-seconds", type=float, default=3600.0)
     args = p.parse_args(argv)
+    # SIGTERM ends the rounds like Ctrl-C: the finally blocks stop pytest and the hog
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1. Received: --rounds={args.rounds}")
     cpu = _cpu()
