@@ -37,10 +37,11 @@ def test_corrupt_record_stops_with_memfits_own_short_error(packed, reader):
             pass
     message = str(e.value)
     assert message.startswith(f"memfit: shard {bad} is corrupt or truncated: record 10 of 20")
-    assert "\n" not in message and len(message) < 200 + 2 * len(str(bad))
-    assert "memfit verify" in message
+    assert "\n" not in message and len(message) < 280 + len(str(bad)) + len(str(packed))
+    assert f"memfit verify {packed}" in message
     assert e.value.file == str(bad) and e.value.record == 10
-    assert isinstance(e.value.__context__, tf.errors.OpError)    # TensorFlow's, kept
+    assert isinstance(e.value, tf.errors.InvalidArgumentError)    # TensorFlow's error, still
+    assert "memfit: shard" in e.value.message
     with pytest.raises(CorruptShardError):                        # next(iter(ds)) too
         ds = memfit.dataset(packed, 400, reader=reader, shuffle=False)
         next(iter(ds))
@@ -52,10 +53,14 @@ def test_corrupt_record_stops_with_memfits_own_short_error(packed, reader):
 
 
 def test_other_tensorflow_errors_are_not_translated():
-    from memfit.data.pipeline import corrupt_shard_error
+    from memfit.data.translate_errors import corrupt_shard_error, install
 
-    assert corrupt_shard_error(tf.errors.InvalidArgumentError(None, None, "shape mismatch")) \
-        is None
+    assert install()
+    assert corrupt_shard_error("shape mismatch") is None
+    plain = tf.errors.InvalidArgumentError(None, None, "shape mismatch")
+    assert type(plain) is tf.errors.InvalidArgumentError
+    mentions = tf.errors.InvalidArgumentError(None, None, "memfit: a message of the user's")
+    assert not isinstance(mentions, CorruptShardError)
 
 
 def test_truncated_shard_is_named_too(packed):

@@ -20,6 +20,14 @@ The pipeline, for epoch ``e``::
       → a sequential map(tf.numpy_function(next batch)) over (epoch, step) pairs
       → prefetch
 
+A ``.npy`` file cut short after it was opened (rewritten in place while training reads it:
+``np.save`` truncates before it writes) would kill the process with SIGBUS at the first
+read past its new end. So each batch first checks the size of the mapped files, a
+``fstat`` each, and stops with :class:`~memfit.errors.CorruptShardError` naming the file
+and the first sample gone instead (:class:`_WholeFiles`). Bytes changed in place cannot be
+seen without reading them all: ``memfit verify`` checks a packed arrays directory's
+sha256.
+
 The permutation comes from ``numpy.random.Generator(PCG64(SeedSequence([seed, e])))``:
 the order is a pure function of ``(seed, epoch)``, so epoch ``k`` asked directly equals
 epoch ``k`` of an uninterrupted run. Anonymous memory is the batches in flight (bounded by
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import mmap
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -52,7 +61,7 @@ from memfit.data.buffers import BufferPool, RecyclingBuffers, release_pages
 from memfit.data.feeder import WindowFeeder, fed_dataset, order_rng
 from memfit.data.pipeline import finish
 from memfit.data.plan import plan_summary, settle_plan, steps_per_epoch
-from memfit.errors import DatasetError
+from memfit.errors import CorruptShardError, DatasetError
 from memfit.sizes import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -218,6 +227,51 @@ class _Gatherer:
         return out
 
 
+class _WholeFiles:
+    """Checks, before a batch is read, that the memory-mapped ``.npy`` files are still as
+    long as when they were opened (see the module docstring).
+
+    Args:
+        columns: the arrays read, by feature (those not memory-mapped are not checked).
+        paths: each memory-mapped feature's file.
+    """
+
+    def __init__(self, columns: Mapping[str, np.ndarray], paths: Mapping[str, str]):
+        self._files = []
+        for name, col in columns.items():
+            mapped = _mapping(col)
+            if mapped is None or name not in paths:
+                continue
+            row = math.prod(col.shape[1:]) * col.dtype.itemsize
+            self._files.append((paths[name], mapped, int(getattr(col, "offset", 0)), row,
+                                len(col), mapped.size()))
+
+    def check(self, ids: np.ndarray) -> None:
+        """Raises :class:`CorruptShardError` when a file lost rows that ``ids`` reads."""
+        for path, mapped, offset, row, rows, expected in self._files:
+            size = mapped.size()                        # fstat of the mapped file
+            if size >= expected:
+                continue
+            whole = max(0, (size - offset) // row) if row else rows
+            lost = ids[ids >= whole]
+            if not len(lost):
+                continue
+            raise CorruptShardError(
+                f"memfit: array file {path} is truncated: sample {int(lost.min())} of "
+                f"{rows:,} cannot be read (the file has {size:,} of its {expected:,} bytes: "
+                f"it was cut short after it was opened, e.g. written again while training "
+                f"read it). Write it again in full and restart; `memfit verify` checks a "
+                f"packed arrays directory.", path, int(lost.min()))
+
+
+def _mapping(col: np.ndarray) -> mmap.mmap | None:
+    """The ``mmap`` a memory-mapped array reads, or ``None``."""
+    base: Any = col
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    return base
+
+
 def _load_into_ram(columns: dict[str, np.ndarray], ids: np.ndarray | None,
                    dtypes: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:
     """Copies the rows ``ids`` (all rows when ``None``) of each column into RAM, reading in
@@ -275,7 +329,8 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
         shuffle: ``False`` yields samples in index order (for evaluation).
         drop_remainder: drop the last, smaller batch of each epoch.
         on_corrupt: accepted for symmetry with TFRecord sources; ``.npy`` files are checked
-            whole when opened (a truncated file is refused naming it), so nothing is skipped.
+            whole when opened (a truncated file is refused naming it) and before each
+            batch (a file cut short since raises), so nothing is skipped.
         shard: ``(index, count)``: this worker yields positions ``index, index + count, ...``
             of each epoch's permutation (disjoint, together every sample once).
         input_context: from ``strategy.distribute_datasets_from_function``; sets ``shard``.
@@ -320,8 +375,10 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
     else:
         base = None if subset is None else subset.astype(id_dtype)
     order = _EpochIds(total, id_dtype, base, plan, shard, drop_remainder)
+    whole = _WholeFiles(columns, src.paths)
     return _build(columns, dtypes, names, order, plan,
-                  tuple(features) if features is not None else None, shard, drop_remainder)
+                  tuple(features) if features is not None else None, shard, drop_remainder,
+                  whole)
 
 
 def _worker_samples(total: int, shard: tuple[int, int] | None) -> int:
@@ -381,7 +438,7 @@ class _EpochIds:
 def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
            names: tuple[str, ...], epoch_ids: _EpochIds, plan: ArraysPlan,
            features: tuple[str, ...] | None, shard: tuple[int, int] | None,
-           drop_remainder: bool) -> tf.data.Dataset:
+           drop_remainder: bool, whole: _WholeFiles) -> tf.data.Dataset:
     """The tf.data pipeline: (epoch, step) pairs → a sequential map handing over batches
     gathered ahead on ``parallel_reads`` threads (:class:`WindowFeeder`, into the next
     epoch's first batches) → prefetch."""
@@ -393,7 +450,9 @@ def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
                           keep=plan.parallel_reads + plan.prefetch_batches + 2)
 
     def batch_of(e: int, s: int) -> list[np.ndarray]:
-        return gather_np(epoch_ids(e)[s * batch:min((s + 1) * batch, per_epoch)])
+        ids = epoch_ids(e)[s * batch:min((s + 1) * batch, per_epoch)]
+        whole.check(ids)
+        return gather_np(ids)
 
     feeder = WindowFeeder(batch_of, steps, epoch=plan.epoch, epochs=plan.epochs,
                           workers=plan.parallel_reads, ahead=plan.parallel_reads)

@@ -34,7 +34,9 @@ from memfit.data.buffers import aligned_empty
 from memfit.data.manifest import Feature
 from memfit.data.records import crc32c_spans, mask_crc
 
-__all__ = ["Buffers", "RecordReads"]
+__all__ = ["Buffers", "RecordReads", "GONE"]
+
+GONE = "the file cannot be opened"      # why a record was not read: its file is gone
 
 _IOV_MAX = 1024
 try:
@@ -229,9 +231,15 @@ class RecordReads:
         iov = bufs.iov[:int(count.sum())]
         self._place(layout, first, row, bufs, iov, to)
         frame = self._frames[layout]
-        files = np.unique(shard).tolist()
-        fds = {s: os.open(self.files[s], os.O_RDONLY) for s in files}
+        fds: dict[int, int] = {}
+        gone: dict[int, str] = {}
         try:
+            for s in np.unique(shard).tolist():
+                try:
+                    fds[s] = os.open(self.files[s], os.O_RDONLY)
+                except OSError as err:      # deleted since the epoch began: read nothing,
+                    gone[s] = err.strerror or str(err)     # so its records are cut short
+                    fds[s] = os.open(os.devnull, os.O_RDONLY)
             if self.direct:
                 got, crc = self._read_native(shard, record, first, count, fds, bufs, iov)
             else:
@@ -239,7 +247,11 @@ class RecordReads:
         finally:
             for fd in fds.values():
                 os.close(fd)
-        return self._verify(layout, got < frame, crc, bufs)
+        damaged, why = self._verify(layout, got < frame, crc, bufs)
+        for s, err in gone.items():
+            for x in np.flatnonzero(shard == s).tolist():
+                why[x] = f"{GONE}: {err}"
+        return damaged, why
 
     def _place(self, layout: np.ndarray, first: np.ndarray, row: np.ndarray, bufs: Buffers,
                iov: np.ndarray, to: np.ndarray) -> None:

@@ -27,10 +27,11 @@ at any time, by any thread, in any order. The record sequence of an epoch costs 
 NumPy operations over the manifest's record counts (16 bytes a record, nothing per
 sample) and is computed once per epoch.
 
-Integrity: a record whose frame header, tags or CRC32C does not match, or that lies past
-the end of its (truncated) file, raises :class:`ShardReadError` naming the shard file and
-the record's index (``tf.errors.InvalidArgumentError`` through ``tf.data``); with
-``on_corrupt="skip"`` its samples are left out and a warning on stderr counts the
+Integrity: a record whose frame header, tags or CRC32C does not match, that lies past
+the end of its (truncated) file, or whose file is gone, raises :class:`ShardReadError`
+naming the shard file and the record's index (through ``tf.data``, the
+:class:`~memfit.errors.CorruptShardError` of :mod:`memfit.data.translate_errors`); with
+``on_corrupt="skip"`` its samples are left out and one warning on stderr counts the
 records skipped. Fixed-length records let the reader go on after a damaged record
 instead of losing the rest of the shard.
 
@@ -56,23 +57,22 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import logging
 import math
 import os
-import sys
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memfit.data.block_io import Buffers, RecordReads
+from memfit.data.block_io import GONE, Buffers, RecordReads
 from memfit.data.block_layout import reads_into_batches
 from memfit.data.buffers import BufferPool, RecyclingBuffers, touch
 from memfit.data.feeder import WindowFeeder, fed_dataset, order_rng
 from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import finish
+from memfit.data.pipeline import finish, warn_skipped
 from memfit.data.plan import DatasetPlan
+from memfit.data.translate_errors import what_to_do
 from memfit.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -80,13 +80,11 @@ if TYPE_CHECKING:
 
 __all__ = ["BlockReader", "ShardReadError", "build"]
 
-log = logging.getLogger("memfit")
-
 
 class ShardReadError(CorruptShardError, ValueError):
     """A shard record that cannot be read: damaged, cut short, or not memfit's layout.
 
-    A ``ValueError`` too, so that ``tf.data`` reports it as ``InvalidArgumentError``.
+    A ``ValueError`` too, as TensorFlow's readers raise for bad input.
     """
 
 
@@ -135,6 +133,7 @@ class BlockReader:
                  seed: int, shuffle: bool, cycle: int, window: int, batch_size: int,
                  samples: int, on_corrupt: str, outputs_alive: int = 4, builders: int = 1):
         base = manifest.path
+        self.where = str(base) if base is not None else "the dataset directory"
         self.files = [str(base / s.file) if base is not None else s.file for s in shards]
         self.records = np.array([s.records for s in shards], np.int64)
         self.k = manifest.samples_per_record
@@ -240,14 +239,12 @@ class BlockReader:
                 size = os.stat(file).st_size
             except OSError as err:
                 if self.on_corrupt == "raise":
-                    raise ShardReadError(f"memfit: shard {file} cannot be read ({err}). Run "
-                                         f"`memfit verify` on the dataset; pass "
-                                         f"on_corrupt='skip' to read past it.", file) from None
+                    self._raise(s, 0, err.strerror or str(err),
+                                "missing" if isinstance(err, FileNotFoundError)
+                                else "unreadable")
                 lost = list(range(int(self.records[s])))
                 bad.update((s, r) for r in lost)
-                self._warn(e, s, lost, f"memfit: WARNING: skipped shard {file}: it cannot be "
-                                       f"read ({err.strerror}); its {len(lost)} records are "
-                                       f"left out.")
+                self._warn_gone(s, err.strerror or str(err))
                 continue
             expected = int(self.file_bytes[s])
             if size == expected:
@@ -256,25 +253,28 @@ class BlockReader:
             if size > expected:
                 message = (f"memfit: shard {file} is corrupt or truncated: it has {size:,} "
                            f"bytes, {size - expected:,} more than the manifest says "
-                           f"(written over after packing?). Run `memfit verify` on the "
-                           f"dataset.")
+                           f"(written over after packing?).")
                 if self.on_corrupt == "raise":
-                    raise ShardReadError(message, file)
+                    raise ShardReadError(f"{message} {what_to_do(self.where)}", file)
                 self._warn(e, s, [], message + " Reading its records as they are.")
                 continue
             cut = min(size // full, records - 1)        # first record not wholly there
             if self.on_corrupt == "raise":
-                raise ShardReadError(
-                    f"memfit: shard {file} is corrupt or truncated: record {cut} of {records} "
-                    f"cannot be read (the file has {size:,} of its {expected:,} bytes). Run "
-                    f"`memfit verify` on the dataset; pass on_corrupt='skip' to read past "
-                    f"damaged records.", file, cut)
+                self._raise(s, cut, f"the file has {size:,} of its {expected:,} bytes")
             lost = list(range(cut, records))
             bad.update((s, r) for r in lost)
             self._warn(e, s, lost, f"memfit: WARNING: skipped {len(lost)} unreadable records "
                                    f"of shard {file} from record {cut} on (the file is cut "
                                    f"short: {size:,} of {expected:,} bytes).")
         return bad
+
+    def _raise(self, s: int, record: int, why: str,
+               state: str = "corrupt or truncated") -> None:
+        """Raises memfit's one-line error for record ``record`` of shard ``s``."""
+        raise ShardReadError(
+            f"memfit: shard {self.files[s]} is {state}: record {record} of "
+            f"{int(self.records[s])} cannot be read ({why}). {what_to_do(self.where)}",
+            self.files[s], record) from None
 
     def _warn(self, e: int, s: int, records: list[int], message: str) -> None:
         """Prints a skip warning once per damaged record (to stderr, like tf.print): the
@@ -285,21 +285,27 @@ class BlockReader:
             if keys <= self._warned:
                 return
             self._warned |= keys
-        print(message, file=sys.stderr, flush=True)
-        log.debug("%s", message)
+        warn_skipped(message)
+
+    def _warn_gone(self, s: int, why: str) -> None:
+        """One warning for a shard whose file is gone, whether a window or an epoch's
+        size check found it first."""
+        self._warn(-1, s, list(range(-2, int(self.records[s]))),
+                   f"memfit: WARNING: skipped shard {self.files[s]}: it cannot be read "
+                   f"({why}); its {int(self.records[s])} records are left out.")
 
     def _damaged(self, e: int, shard: np.ndarray, record: np.ndarray, damaged: np.ndarray,
                  why: dict[int, str]) -> None:
         first = int(np.flatnonzero(damaged)[0])
         s, r = int(shard[first]), int(record[first])
         if self.on_corrupt == "raise":
-            raise ShardReadError(
-                f"memfit: shard {self.files[s]} is corrupt or truncated: record {r} of "
-                f"{int(self.records[s])} cannot be read ({why[first]}). Run `memfit verify` "
-                f"on the dataset; pass on_corrupt='skip' to read past damaged records.",
-                self.files[s], r)
+            self._raise(s, r, why[first])
         for s in np.unique(shard[damaged]).tolist():
-            lost = sorted(record[damaged & (shard == s)].tolist())
+            at = np.flatnonzero(damaged & (shard == s))
+            if why[int(at[0])].startswith(GONE):
+                self._warn_gone(s, why[int(at[0])][len(GONE) + 2:])
+                continue
+            lost = sorted(record[at].tolist())
             self._warn(e, s, lost, f"memfit: WARNING: skipped {len(lost)} unreadable records "
                                    f"of shard {self.files[s]} (records {lost}: damaged; "
                                    f"bad CRC32C, length or tags).")
@@ -421,15 +427,7 @@ def build(reader: BlockReader, plan: DatasetPlan, features: Sequence[str] | None
     feeder = WindowFeeder(reader.window, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
                           workers=plan.parallel_windows, ahead=plan.parallel_windows)
 
-    def feed(element: Any) -> list[np.ndarray]:
-        try:
-            return feeder(element)
-        except CorruptShardError as e:
-            # Raised afresh here, the traceback TensorFlow copies into its error is this
-            # frame's, not the reader threads': memfit's message stays near the top.
-            raise ShardReadError(str(e), e.file, e.record) from None
-
-    ds, counter = fed_dataset(feed, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
+    ds, counter = fed_dataset(feeder, reader.windows, epoch=plan.epoch, epochs=plan.epochs,
                               names=reader.names, dtypes=reader.output_dtypes(),
                               shapes=reader.output_shapes(), rows=None,
                               as_dict=features is None)

@@ -22,10 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memfit.errors import CorruptShardError
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["order_rng", "epochs_dataset", "pass_epochs", "WindowFeeder", "fed_dataset"]
+
+_NO_ERROR = np.array(b"")
 
 
 def order_rng(seed: int, *keys: int) -> np.random.Generator:
@@ -182,6 +186,12 @@ def fed_dataset(feed: Callable[[Any], list[np.ndarray]], per_epoch: int, *, epoc
         (epoch, window) pairs (:func:`pass_epochs`) or, with ``epochs=N``, element
         numbers → map(numpy_function(feed))
 
+    A :class:`~memfit.errors.CorruptShardError` that ``feed`` raises fails the element with
+    an assertion whose text is its message
+    (:func:`memfit.data.translate_errors.assert_clean`), which reaches the user as that
+    error again, not as a ``numpy_function``'s traceback; the pass's later windows fail
+    with it too.
+
     Args:
         feed: ``feed(element)`` → one array per name (it may raise memfit's errors).
         per_epoch: windows per epoch.
@@ -196,11 +206,40 @@ def fed_dataset(feed: Callable[[Any], list[np.ndarray]], per_epoch: int, *, epoc
     """
     import tensorflow as tf
 
+    from memfit.data.translate_errors import assert_clean
+
     types = [tf.as_dtype(d) for d in dtypes]
 
+    def checked(element: Any) -> list[np.ndarray]:
+        try:
+            return [*feed(element), _NO_ERROR]
+        except CorruptShardError as e:      # arrays of the declared shapes, never used
+            return [*(np.zeros((rows or 0, *shape), d) for d, shape in
+                      zip(dtypes, shapes, strict=True)), np.array(str(e).encode("utf-8"))]
+
+    # The message of a window that failed in this pass, else "". The pass's later windows
+    # fail with it too, without calling Python: tf.data's prefetch goes on asking for them,
+    # and a Python call still under way when the interpreter exits hangs the exit. A new
+    # pass (its window 0) calls the reader again.
+    failed = tf.Variable("", trainable=False, name="memfit_window_error")
+
     def window(element: tf.Tensor) -> Any:
-        # stateful: the feeder builds ahead in order, so tf.data must keep this map sequential.
-        got = tf.numpy_function(feed, [element], types, stateful=True)
+        first = tf.equal(element[1] if epochs is None else element, 0)
+        earlier = tf.where(first, "", failed.read_value())
+
+        def read() -> list[tf.Tensor]:
+            # stateful: the feeder builds ahead in order; tf.data keeps this map sequential.
+            return tf.numpy_function(checked, [element], [*types, tf.string], stateful=True)
+
+        def refuse() -> list[tf.Tensor]:
+            return [*(tf.zeros([rows or 0, *shape], t) for t, shape in
+                      zip(types, shapes, strict=True)), earlier]
+
+        *got, error = tf.cond(tf.equal(earlier, ""), read, refuse)
+        with tf.control_dependencies([failed.assign(error)]):
+            check = assert_clean(error)
+        with tf.control_dependencies([check]):
+            got = [tf.identity(t) for t in got]
         for t, shape in zip(got, shapes, strict=True):
             t.set_shape([rows, *shape])
         if as_dict:

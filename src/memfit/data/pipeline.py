@@ -1,37 +1,45 @@
 """The common tail of memfit's ``tf.data`` pipelines (the block reader, the TF reader and
-the arrays reader), and memfit's own error for a damaged shard through ``tf.data``.
-
-- :func:`finish`: known cardinality, prefetch, no auto-sharding when sharded by hand, the
-  plan attached.
-- :func:`corrupt_shard_error`: memfit's :class:`~memfit.errors.CorruptShardError` for the
-  TensorFlow error a damaged shard becomes inside ``tf.data``; iterating a dataset
-  :func:`finish` returns raises it instead of the TensorFlow error.
+the arrays reader): known cardinality, prefetch, no auto-sharding when sharded by hand,
+the plan attached, and memfit's own error for a damaged shard met anywhere the dataset is
+read (:mod:`memfit.data.translate_errors`); :func:`warn_skipped`, what the readers say
+when they skip damage (``on_corrupt="skip"``).
 
 Example:
-    >>> e = corrupt_shard_error(RuntimeError("OOM when allocating tensor"))
-    >>> e is None
-    True
+    >>> import tensorflow as tf
+    >>> from memfit.data.plan import DatasetPlan
+    >>> plan = DatasetPlan(path="d", split="train", batch_size=2, samples=4,
+    ...                    steps_per_epoch=2, memory_budget=2**20, estimated_bytes=0,
+    ...                    window_records=1, window_samples=2, cycle_length=1,
+    ...                    read_threads=1, parallel_windows=1, prefetch_batches=1, seed=0,
+    ...                    epoch=0, epochs=1, shuffle=False)
+    >>> ds = finish(tf.data.Dataset.range(4).batch(2), plan, None, sharded=False)
+    >>> [b.tolist() for b in ds.as_numpy_iterator()], ds.memfit_plan.steps_per_epoch
+    ([[0, 1], [2, 3]], 2)
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from pathlib import Path
+import logging
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from memfit.data import translate_errors
 from memfit.data.plan import Plan
-from memfit.errors import CorruptShardError
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["finish", "corrupt_shard_error"]
+__all__ = ["finish", "warn_skipped"]
+
+log = logging.getLogger("memfit")
 
 
 def finish(ds: tf.data.Dataset, plan: Plan, counter: Any, *, sharded: bool,
            check_cardinality: bool = True) -> tf.data.Dataset:
-    """The common tail of memfit's pipelines.
+    """The common tail of memfit's pipelines. A damaged shard met while the result (or a
+    dataset made from it) is read raises :class:`~memfit.errors.CorruptShardError`
+    (:func:`memfit.data.translate_errors.install`).
 
     Args:
         ds: the batches of all the epochs of one pass.
@@ -54,107 +62,24 @@ def finish(ds: tf.data.Dataset, plan: Plan, counter: Any, *, sharded: bool,
         options.experimental_distribute.auto_shard_policy = \
             tf.data.experimental.AutoShardPolicy.OFF
         ds = ds.with_options(options)
-    _raise_memfit_errors(ds)
+    translate_errors.install()
+    translate_errors.short_iteration(ds)
     ds.memfit_plan = plan
     if counter is not None:
         ds.memfit_epoch_counter = counter
     return ds
 
 
-# memfit's messages about a damaged shard, as TensorFlow passes them on: a numpy_function's
-# exception text ("ShardReadError: memfit: shard FILE ...") or the bracketed items of a
-# tf.debugging.Assert ("[memfit: shard] [FILE] [is corrupt or truncated: record] [N] ...").
-_MESSAGE = re.compile(r"(?:ShardReadError|CorruptShardError): (memfit: shard [^\n]*)")
-_ASSERTED = re.compile(r"\[memfit: shard\] \[(?P<file>[^\]]*)\] \[is corrupt or truncated: "
-                       r"record\] \[(?P<record>\d+)\] \[of\] \[(?P<records>\d+)\]")
-_FILE = re.compile(r"memfit: shard (\S+) ")
-_RECORD = re.compile(r": record (\d+) of")
-
-
-def corrupt_shard_error(error: BaseException) -> CorruptShardError | None:
-    """memfit's own short error for a TensorFlow error that carries memfit's message about
-    a damaged shard (``None`` for any other error).
-
-    Inside ``tf.data``, a Python exception becomes a TensorFlow ``InvalidArgumentError``
-    with the traceback in its text, and an assertion a bracketed list: this finds the
-    shard file and record again.
+def warn_skipped(message: str) -> None:
+    """Prints memfit's warning about damaged records skipped (the readers print each once),
+    and from then on leaves out Keras's "Your input ran out of data; interrupting
+    training" warning. An epoch with records skipped has fewer batches than planned, so
+    its cardinality is unknown. Keras says so at the end of the first epoch, and then
+    trains on all the same.
 
     Example:
-        >>> e = corrupt_shard_error(ValueError("ShardReadError: memfit: shard /d/a.tfrecord "
-        ...                                    "is corrupt or truncated: record 3 of 9 ..."))
-        >>> e.file, e.record
-        ('/d/a.tfrecord', 3)
+        >>> warn_skipped("memfit: WARNING: skipped 1 unreadable records of shard a.tfrecord")
     """
-    text = str(getattr(error, "message", None) or error)
-    found = _ASSERTED.search(text)
-    if found is not None:
-        file, record = found["file"].strip("'\""), int(found["record"])
-        message = (f"memfit: shard {file} is corrupt or truncated: record {record} of "
-                   f"{found['records']} cannot be read (bad CRC32C or cut short). Run "
-                   f"`memfit verify {Path(file).parent}`; pass on_corrupt='skip' to read past "
-                   f"damaged shards.")
-        return CorruptShardError(message, file, record)
-    found = _MESSAGE.search(text)
-    if found is None:
-        return None
-    message = found[1].strip()
-    file = _FILE.search(message)
-    record = _RECORD.search(message)
-    return CorruptShardError(message, file[1] if file else "?",
-                             int(record[1]) if record else None)
-
-
-_CHECKED: dict[type, type] = {}
-
-
-def _checked(cls: type, methods: tuple[str, ...]) -> type:
-    """A subclass of ``cls`` whose ``methods`` raise :class:`CorruptShardError` where the
-    TensorFlow error they raise carries memfit's message about a damaged shard."""
-    sub = _CHECKED.get(cls)
-    if sub is not None:
-        return sub
-
-    def checking(name: str) -> Callable[..., Any]:
-        base = getattr(cls, name)
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return base(self, *args, **kwargs)
-            except Exception as e:
-                error = corrupt_shard_error(e) if type(e).__module__.startswith(
-                    "tensorflow") else None
-                if error is None:
-                    raise
-                raise error from None           # the TF error stays in __context__
-        method.__name__ = name
-        method.__doc__ = base.__doc__
-        return method
-
-    body: dict[str, Any] = {name: checking(name) for name in methods}
-    if "__iter__" in methods:
-        iterate = body["__iter__"]
-
-        def __iter__(self: Any) -> Any:
-            it = iterate(self)
-            try:
-                it.__class__ = _checked(type(it), ("__next__", "get_next"))
-            except TypeError:                   # not a plain Python class: leave it be
-                pass
-            return it
-        body["__iter__"] = __iter__
-    sub = type(cls.__name__, (cls,), {**body, "__module__": cls.__module__,
-                                      "__qualname__": cls.__qualname__})
-    _CHECKED[cls] = sub
-    return sub
-
-
-def _raise_memfit_errors(ds: tf.data.Dataset) -> None:
-    """Iterating ``ds`` in Python (``for batch in ds``, ``next(iter(ds))``) raises
-    :class:`CorruptShardError` for a damaged shard instead of a long TensorFlow error.
-
-    Inside a ``tf.function`` (``model.fit``) TensorFlow's error is raised as it is; its
-    text then starts with memfit's message."""
-    try:
-        ds.__class__ = _checked(type(ds), ("__iter__",))
-    except TypeError:
-        pass
+    warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
+    print(message, file=sys.stderr, flush=True)
+    log.debug("%s", message)

@@ -11,8 +11,10 @@ when ``reader="tf"`` is asked for. For epoch ``e``::
 
 Every random choice uses stateless ops seeded from ``(seed, epoch, ...)``
 (:func:`stateless_seed`), so the order is a pure function of them. A shard with fewer
-readable records than the manifest says (damaged, truncated) raises, or with
-``on_corrupt="skip"`` is read up to the damage with a warning.
+readable records than the manifest says (damaged, truncated, or its file gone) raises
+memfit's :class:`~memfit.errors.CorruptShardError` naming the file and the first record
+missing (:mod:`memfit.data.translate_errors`), or with ``on_corrupt="skip"`` is read up to
+the damage with one warning per shard for the whole run.
 
 Example:
     >>> stateless_seed(7, 3).numpy().tolist() == stateless_seed(7, 3).numpy().tolist()
@@ -23,16 +25,19 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+import re
+import threading
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from memfit.data.feeder import epochs_dataset
 from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import finish
+from memfit.data.pipeline import finish, warn_skipped
 from memfit.data.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
 from memfit.data.records import LENGTHS_SUFFIX
+from memfit.data.translate_errors import assert_clean, what_to_do
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
@@ -117,6 +122,11 @@ def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Ten
     return flat if raw_type == dtype else tf.bitcast(flat, dtype)
 
 
+def _literal_pattern(path: str) -> str:
+    """``path`` as a ``tf.io.matching_files`` pattern that matches only itself."""
+    return re.sub(r"([*?\[\\])", r"\\\1", path)
+
+
 def stateless_seed(seed: int, *data: tf.Tensor | int) -> tf.Tensor:
     """A stateless seed pair derived from ``seed`` and the given integers."""
     s = tf.constant([seed & 0x7FFFFFFF, 0x6D656D66], tf.int64)   # "memf"
@@ -138,7 +148,11 @@ class _Steps:
         self.drop_remainder = drop_remainder
         self.shard_count = len(shards)
         base = manifest.path
+        self.where = str(base)
+        self._warned: set[bytes] = set()
+        self._warn_lock = threading.Lock()
         self.files = tf.constant([str(base / s.file) for s in shards])
+        self.patterns = tf.constant([_literal_pattern(str(base / s.file)) for s in shards])
         self.expected = tf.constant([s.records for s in shards], tf.int64)
         self.compression = manifest.compression or ""
         # Only the features asked for are parsed and decoded.
@@ -146,10 +160,16 @@ class _Steps:
         self.spec = {k: v for k, v in manifest.tf_feature_spec().items()
                      if k.split(LENGTHS_SUFFIX)[0] in self.feats}
 
-    def read_shard(self, file: tf.Tensor, records: tf.Tensor) -> tf.data.Dataset:
+    def read_shard(self, file: tf.Tensor, pattern: tf.Tensor,
+                   records: tf.Tensor) -> tf.data.Dataset:
         """The records of one shard, their count checked against the manifest's at its
-        end (``TFRecordDataset`` stops quietly at a damaged or missing record)."""
-        raw = tf.data.TFRecordDataset(file, compression_type=self.compression,
+        end (``TFRecordDataset`` stops quietly at a damaged record). A missing file is
+        not opened: ``ignore_errors`` would retry it for ever. (Its existence is asked of
+        ``tf.io.matching_files``, not Python: a Python call in a pipeline still running
+        when the interpreter exits can hang the exit.)"""
+        exists = tf.size(tf.io.matching_files(pattern)) > 0
+        names = tf.data.Dataset.from_tensors(file).filter(lambda _: exists)
+        raw = tf.data.TFRecordDataset(names, compression_type=self.compression,
                                       buffer_size=_READ_BUFFER).ignore_errors()
         end = tf.data.Dataset.from_tensors((tf.constant(b""), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
@@ -157,24 +177,46 @@ class _Steps:
         def count(n: tf.Tensor, item: tuple) -> tuple:
             record, is_end = item
             ok = tf.logical_or(tf.logical_not(is_end), tf.equal(n, records))
-            with tf.control_dependencies([self._check_count(ok, file, n, records)]):
+            with tf.control_dependencies([self._check_count(ok, file, n, records, exists)]):
                 return n + 1, (record, is_end)
 
         return (marked.scan(tf.constant(0, tf.int64), count)
                 .filter(lambda r, is_end: tf.logical_not(is_end)).map(lambda r, is_end: r))
 
     def _check_count(self, ok: tf.Tensor, file: tf.Tensor, n: tf.Tensor,
-                     records: tf.Tensor) -> tf.Operation:
-        """An assertion that the shard was read to its end (``on_corrupt="raise"``), or a
-        warning when it was not (``"skip"``)."""
+                     records: tf.Tensor, exists: tf.Tensor) -> tf.Tensor:
+        """An assertion that the shard was read to its end, whose text is memfit's
+        message (``on_corrupt="raise"``), or a warning when it was not (``"skip"``)."""
         if self.on_corrupt == "raise":
-            return tf.debugging.Assert(ok, [
-                "memfit: shard", file, "is corrupt or truncated: record", n, "of", records,
-                "cannot be read (bad CRC32C or cut short). Run `memfit verify` on the "
-                "dataset; pass on_corrupt='skip' to read past damaged shards."])
-        return tf.cond(ok, tf.no_op, lambda: tf.print(
-            "memfit: WARNING: skipped", records - n, "unreadable records of shard",
-            file, "from record", n, "on (damaged or truncated).", output_stream=sys.stderr))
+            def message() -> tf.Tensor:
+                return tf.strings.join([
+                    "memfit: shard ", file, " is ",
+                    tf.where(exists, "corrupt or truncated", "missing"), ": record ",
+                    tf.strings.as_string(n), " of ", tf.strings.as_string(records),
+                    " cannot be read (", tf.where(exists, "bad CRC32C or cut short",
+                                                   "the file is gone"),
+                    "). ", what_to_do(self.where)])
+
+            return assert_clean(tf.cond(ok, lambda: tf.constant(""), message))
+        return tf.cond(ok, lambda: tf.constant(True), lambda: tf.numpy_function(
+            self._warn, [file, n, records, exists], tf.bool, stateful=True))
+
+    def _warn(self, file: bytes, n: np.int64, records: np.int64, exists: bool) -> np.bool_:
+        """Prints the skip warning of a shard once for the whole run (each epoch reads the
+        same damage again)."""
+        with self._warn_lock:
+            if file in self._warned:
+                return np.True_
+            self._warned.add(file)
+        name = file.decode("utf-8", "replace")
+        if exists:
+            message = (f"memfit: WARNING: skipped {int(records - n):,} unreadable records of "
+                       f"shard {name} from record {int(n)} on (damaged or truncated).")
+        else:
+            message = (f"memfit: WARNING: skipped shard {name}: the file is missing; its "
+                       f"{int(records):,} records are left out.")
+        warn_skipped(message)
+        return np.True_
 
     def decode(self, seed_e: tf.Tensor, index: tf.Tensor, records: tf.Tensor) -> dict:
         """A window of records parsed and decoded, its samples permuted by
@@ -203,6 +245,7 @@ class _Steps:
         if plan.shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
         listing = tf.data.Dataset.from_tensor_slices((tf.gather(self.files, order),
+                                                      tf.gather(self.patterns, order),
                                                       tf.gather(self.expected, order)))
         if plan.shuffle:
             records = listing.interleave(self.read_shard, cycle_length=plan.cycle_length,
@@ -238,4 +281,5 @@ def build(manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,
     if features is not None:
         names = tuple(features)
         ds = ds.map(lambda d: tuple(d[n] for n in names) if len(names) > 1 else d[names[0]])
-    return finish(ds, plan, counter, sharded=sharded)
+    # Skipping damaged records leaves fewer batches than planned: no cardinality then.
+    return finish(ds, plan, counter, sharded=sharded, check_cardinality=on_corrupt == "raise")
