@@ -9,9 +9,13 @@ baseline...); a supervisor stops instead of restarting it.
 ``CHECKPOINT_FAILED`` (74, ``EX_IOERR``): a training process could not write its
 checkpoint (disk full, file-size limit); the previous one is kept, and a supervisor
 stops, since a restart would fail the same way.
+``DATA_ERROR`` (65, ``EX_DATAERR``): a training process met a damaged, truncated or
+missing shard (memfit's ``CorruptShardError``); a supervisor stops, since a restart would
+read the same bytes.
 ``NOT_FOUND`` (127): the command to run does not exist, as in a shell.
 """
 
+DATA_ERROR = 65
 CHECKPOINT_FAILED = 74
 RESTART = 75
 CONFIG = 78

@@ -39,9 +39,10 @@ class ChildRun:
         exit_code: as a shell reports it (128 + N when killed by signal N).
         cause: why it ended: ``"finished"``, ``"restart"`` (it exited with 75, or
             checkpointed and exited after a SIGTERM sent to it alone), ``"config"`` (78),
-            ``"checkpoint-failed"`` (74), ``"crash"`` (another code), ``"killed"`` (a
-            signal not sent by memfit, e.g. the OOM killer), ``"hard-rss"``,
-            ``"unresponsive"``, ``"interrupted"`` (memfit run itself got SIGINT/SIGTERM).
+            ``"checkpoint-failed"`` (74), ``"data"`` (65: a damaged shard), ``"crash"``
+            (another code), ``"killed"`` (a signal not sent by memfit, e.g. the OOM
+            killer), ``"hard-rss"``, ``"unresponsive"``, ``"interrupted"`` (memfit run
+            itself got SIGINT/SIGTERM).
         reason: the details: the restart's reason (``"every 1 epoch"``, ``"max-rss"``),
             the signal's name, the exit code.
         started, ended: Unix times.

@@ -13,9 +13,10 @@ its whole process tree with the one probe, and starts it again from its last che
 
 The same failure at the same checkpoint twice in a row (a bug, a batch that can never
 fit) stops the run with that reason instead of restarting forever, as does a child that
-reports a configuration error (exit 78), a checkpoint it could not write (exit 74) or
-more than ``max_restarts`` unplanned restarts. Every sample, exit and restart goes to the
-shared log (``memfit report WORKDIR`` marks restarts on the timeline).
+reports a configuration error (exit 78), a checkpoint it could not write (exit 74), a
+damaged dataset (exit 65) or more than ``max_restarts`` unplanned restarts. Every sample,
+exit and restart goes to the shared log (``memfit report WORKDIR`` marks restarts on the
+timeline).
 
 SIGTERM (a preemption: Kubernetes, Slurm, a spot instance) is passed on to the training
 process, whose session finishes its current step, checkpoints and exits; the run then
@@ -195,6 +196,8 @@ _STOPS = {
     "config": "the command reported a configuration error (exit 78)",
     "checkpoint-failed": "the command could not write its checkpoint (exit 74; its message "
                          "above says why)",
+    "data": "the command met a damaged dataset (exit 65; its message above names the file "
+            "and the record): a restart would read the same bytes",
 }
 
 
@@ -366,6 +369,8 @@ class _Supervisor:
             return "config", "exit 78"
         if code == exitcodes.CHECKPOINT_FAILED:
             return "checkpoint-failed", "exit 74"
+        if code == exitcodes.DATA_ERROR:
+            return "data", "exit 65"
         if proc.returncode < 0:
             return "killed", signal_name(-proc.returncode) + (
                 " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")

@@ -54,6 +54,7 @@ from memfit.env import (
     RESTART_EVERY_ENV,
     SUPERVISOR_ENV,
 )
+from memfit.errors import CorruptShardError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
@@ -224,18 +225,22 @@ class Session:
         self.callback.release()
         if isinstance(error, CheckpointError | SessionConfigError) and self.supervised:
             _refuse(error, self.log)
+        if isinstance(error, CorruptShardError) and self.supervised:
+            _refuse(error, self.log, exitcodes.DATA_ERROR)
         self.log.close()
         return False
 
 
-def _refuse(error: Exception, log: MemoryLog | None) -> None:
+def _refuse(error: Exception, log: MemoryLog | None, code: int = exitcodes.CONFIG) -> None:
     """Under a supervisor, a run that cannot work must not be restarted: say why and exit
-    with ``memfit.exitcodes.CONFIG`` (78)."""
-    print(f"memfit: error: {error}", file=sys.stderr)
+    with ``memfit.exitcodes.CONFIG`` (78), or ``DATA_ERROR`` (65) for a damaged shard."""
+    text = str(error)
+    print(text if text.startswith("memfit: ") else f"memfit: error: {text}", file=sys.stderr)
     if log is not None:
-        log.write(Event.STOP, reason="config", message=str(error))
+        log.write(Event.STOP, reason="data" if code == exitcodes.DATA_ERROR else "config",
+                  message=text)
         log.close()
-    raise SystemExit(exitcodes.CONFIG) from None
+    raise SystemExit(code) from None
 
 
 def current() -> Session | None:
