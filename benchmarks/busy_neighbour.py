@@ -11,7 +11,7 @@ Pinning (``--pin``):
 - ``same`` (default): pytest, everything it starts, and the hog share the same single
   CPU (``os.sched_setaffinity``). The tests get about half a core, on any machine: a hog
   on "another core" of a 64-core CI runner would leave the tests alone.
-- ``other``: the hog is pinned to one CPU, the tests run where the scheduler puts them
+- ``beside``: the hog is pinned to one CPU, the tests run where the scheduler puts them
   (the busy neighbour of the failed CI run).
 
 The hog never outlives this script: it stops when its parent is gone, and after
@@ -23,7 +23,7 @@ Example:
 
 Args (command line):
     --rounds N: rounds under the hog (default 5).
-    --pin same|other: see above.
+    --pin same|beside: see above.
     --baseline: also run one round without the hog first, for the time ratio.
     --max-seconds S: the hog's own deadline (default 3600).
     after ``--``: what to give pytest (default: the story and watch tests).
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, tests = argv[:i], argv[i + 1:] or DEFAULT_TESTS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--pin", choices=("same", "other"), default="same")
+    p.add_argument("--pin", choices=("same", "beside"), default="same")
     p.add_argument("--baseline", action="store_true")
     p.add_argument("--max-seconds", type=float, default=3600.0)
     args = p.parse_args(argv)
