@@ -68,19 +68,22 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--modes", default="none,beside,same")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="watch-margins-"))
-    rng = np.random.default_rng(0)
-    memfit.pack({"x": rng.random((8192, 48, 64), dtype=np.float32),
-                 "y": rng.random((8192, 1), dtype=np.float32)}, work / "data", progress=False)
-    print("| script | hog | verdict | steady s | trend ÷ noise |\n| --- | --- | --- | --- | --- |")
-    for i in range(args.rounds):
-        for mode in args.modes.split(","):
-            for name in NAMES:
-                r = run(name, mode, work, work / f"{name}-{mode}-{i}")
-                m = margin(r)
-                steady = "—" if r.steady is None else f"{r.steady:.1f}"
-                print(f"| {name} | {mode} | {r.verdict.kind} | {steady} | "
-                      f"{'—' if m is None else f'{m:.2f}'} |", flush=True)
+    with tempfile.TemporaryDirectory(prefix="watch-margins-") as tmp:
+        work = Path(tmp)
+        rng = np.random.default_rng(0)
+        memfit.pack({"x": rng.random((8192, 48, 64), dtype=np.float32),
+                     "y": rng.random((8192, 1), dtype=np.float32)}, work / "data",
+                    progress=False)
+        print("| script | hog | verdict | steady s | trend ÷ noise |\n"
+              "| --- | --- | --- | --- | --- |")
+        for i in range(args.rounds):
+            for mode in args.modes.split(","):
+                for name in NAMES:
+                    r = run(name, mode, work, work / f"{name}-{mode}-{i}")
+                    m = margin(r)
+                    steady = "—" if r.steady is None else f"{r.steady:.1f}"
+                    print(f"| {name} | {mode} | {r.verdict.kind} | {steady} | "
+                          f"{'—' if m is None else f'{m:.2f}'} |", flush=True)
     return 0
 
 
