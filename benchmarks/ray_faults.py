@@ -151,6 +151,11 @@ def start_cluster(workers: int, temp_dir: Path):
     files under ``temp_dir``."""
     from ray.cluster_utils import Cluster
 
+    # Cluster also writes the head's address into Ray's default temporary directory
+    # (/tmp/ray), whatever temp_dir says, and fails on a machine where it does not exist
+    # yet: point that default at temp_dir too (the driver and the jobs inherit it).
+    os.environ["RAY_TMPDIR"] = str(temp_dir)
+    (temp_dir / "ray").mkdir(parents=True, exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "object_store_memory": 80 * MIB, "num_cpus": 0,
         "include_dashboard": False, "temp_dir": str(temp_dir)})
