@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo bench clean
 
-$(STAMP): pyproject.toml setup.py src/memfit/data/cwindow.c
+$(STAMP): pyproject.toml setup.py src/memfit/data/format/cwindow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,ray]'
@@ -29,4 +29,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
-	rm -f src/memfit/data/cwindow*.so
+	rm -f src/memfit/data/format/cwindow*.so

@@ -6,7 +6,7 @@ Prints a markdown table (progress on stderr), each row measured side by side in 
 
 1. window builders alone (``BlockReader.window`` called from 1 and 2 Python threads, no
    tf.data): samples/s and milliseconds per window, wall and CPU; one builder with
-   memfit's C loop (``memfit.data.cwindow``) and without it, taking turns;
+   memfit's C loop (``memfit.data.format.cwindow``) and without it, taking turns;
 2. a new iterator and its first batch, stream vs the in-memory pipeline (medians of 10
    full passes: the first window of each pass was built ahead at the end of the last);
 3. the stream and the in-memory pipeline alone in one process, passes interleaved;
@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stream as bench  # noqa: E402  (the data helpers of the main benchmark)
 
 import memfit  # noqa: E402
-from memfit.data import blocks, records  # noqa: E402
+from memfit.data.format import records  # noqa: E402
+from memfit.data.read.blocks import block_reader as blocks  # noqa: E402
 
 PASSES = 8
 

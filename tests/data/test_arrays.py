@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import memfit
-from memfit.data.arrays_format import ArraysManifest
-from memfit.data.arrays_reader import ArraysPlan
-from memfit.data.manifest import MANIFEST
+from memfit.data.format.arrays_format import ArraysManifest
+from memfit.data.format.manifest import MANIFEST
+from memfit.data.read.arrays_reader import ArraysPlan
 from memfit.errors import DatasetError
 from tests.data.helpers import small_arrays
 

@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import block_layout, blocks, records
-from memfit.data.manifest import Feature, Manifest
-from memfit.data.records import encode_example, frame
+from memfit.data.format import records
+from memfit.data.format.manifest import Feature, Manifest
+from memfit.data.format.records import encode_example, frame
+from memfit.data.read.blocks import block_layout
+from memfit.data.read.blocks import block_reader as blocks
 from memfit.errors import CorruptShardError
 from tests.data.helpers import by_id, read_all, small_arrays
 
@@ -20,7 +22,7 @@ def placement(request, monkeypatch):
     if request.param == "gathered":
         monkeypatch.setattr(records, "NATIVE", None)
     elif records.NATIVE is None:
-        pytest.skip("memfit.data.cwindow was not built (no C compiler at install)")
+        pytest.skip("memfit.data.format.cwindow was not built (no C compiler at install)")
     return request.param
 
 

@@ -1,10 +1,10 @@
-"""memfit.data.buffers: a batch handed to TensorFlow is taken back only once nothing views
+"""memfit.data.read.buffers: a batch handed to TensorFlow is taken back only once nothing views
 it (RecyclingBuffers counts references), and pooled scratch is reused."""
 
 import numpy as np
 import tensorflow as tf
 
-from memfit.data.buffers import ALIGN, BufferPool, RecyclingBuffers
+from memfit.data.read.buffers import ALIGN, BufferPool, RecyclingBuffers
 
 F32 = np.dtype("float32")
 

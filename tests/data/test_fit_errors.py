@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import memfit
 from memfit import exitcodes
-from memfit.data.manifest import Manifest
-from memfit.data.translate_errors import installed
+from memfit.data.format.manifest import Manifest
+from memfit.data.read.translate_errors import installed
 from memfit.errors import CorruptShardError
 from memfit.quiet import is_noise
 
@@ -38,7 +38,7 @@ TRAIN = textwrap.dedent('''
     import keras
 
     import memfit
-    from memfit.data.manifest import Manifest
+    from memfit.data.format.manifest import Manifest
 
     path, reader, on_corrupt, damage = sys.argv[1:5]
     options = {} if reader == "arrays" else {"reader": reader}
@@ -140,7 +140,7 @@ def test_skip_warns_once_and_training_goes_on(tmp_path):
         import sys
         import keras
         import memfit
-        from memfit.data.manifest import Manifest
+        from memfit.data.format.manifest import Manifest
 
         for path, reader in ((sys.argv[1], "blocks"), (sys.argv[2], "tf")):
             ds = memfit.dataset(path, 32, features=("x", "y"), reader=reader,

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 import memfit
-from memfit.data.manifest import Manifest
+from memfit.data.format.manifest import Manifest
 from memfit.errors import CorruptShardError
 from tests.data.helpers import small_arrays
 
@@ -53,7 +53,7 @@ def test_corrupt_record_stops_with_memfits_own_short_error(packed, reader):
 
 
 def test_other_tensorflow_errors_are_not_translated():
-    from memfit.data.translate_errors import corrupt_shard_error, install
+    from memfit.data.read.translate_errors import corrupt_shard_error, install
 
     assert install()
     assert corrupt_shard_error("shape mismatch") is None

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import pack_shards
-from memfit.data.manifest import MANIFEST, Manifest
+from memfit.data.format.manifest import MANIFEST, Manifest
+from memfit.data.packing import pack_shards
 from memfit.errors import DatasetError
 from tests.data.helpers import by_id, read_all, small_arrays
 
-pack_module = importlib.import_module("memfit.data.pack")   # the module, not the function
+pack_module = importlib.import_module("memfit.data.packing.packer")   # the module, not the function
 
 DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
           "float16", "float32", "float64"]

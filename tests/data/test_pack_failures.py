@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import arrays_pack, pack_shards
-from memfit.data.manifest import MANIFEST, Manifest
-from memfit.data.pack_output import STATE
+from memfit.data.format.manifest import MANIFEST, Manifest
+from memfit.data.packing import arrays_pack, pack_shards
+from memfit.data.packing.pack_output import STATE
 from memfit.errors import DatasetError
 from tests.data.helpers import small_arrays
 

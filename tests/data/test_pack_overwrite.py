@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import pack_replace, pack_shards
-from memfit.data.manifest import Manifest
+from memfit.data.format.manifest import Manifest
+from memfit.data.packing import pack_replace, pack_shards
 from memfit.errors import DatasetError
 from tests.data.helpers import small_arrays
 

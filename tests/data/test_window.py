@@ -1,4 +1,4 @@
-"""memfit's C loops (memfit.data.cwindow) and the block reader's two
+"""memfit's C loops (memfit.data.format.cwindow) and the block reader's two
 ways of placing samples: straight into batch rows, or gathered from scratch buffers."""
 
 import shutil
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import memfit
-from memfit.data import blocks, records
-from memfit.data.manifest import Manifest
+from memfit.data.format import records
+from memfit.data.format.manifest import Manifest
+from memfit.data.read.blocks import block_reader as blocks
 from tests.data.helpers import small_arrays
 
 
@@ -18,13 +19,13 @@ def test_the_c_extension_is_built_where_a_compiler_is():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) here: the block reader gathers instead")
-    assert records.NATIVE is not None, "memfit.data.cwindow did not build: reinstall"
+    assert records.NATIVE is not None, "memfit.data.format.cwindow did not build: reinstall"
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_crc_of_scattered_records_matches_the_contiguous_bytes(native, monkeypatch):
     if native and records.NATIVE is None:
-        pytest.skip("memfit.data.cwindow was not built (no C compiler at install)")
+        pytest.skip("memfit.data.format.cwindow was not built (no C compiler at install)")
     if not native:
         monkeypatch.setattr(records, "NATIVE", None)
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from memfit.cli.common import CLOSED_PIPE, print_output
-from memfit.data.verify import inspect
+from memfit.data.verification import inspect
 
 NAME = "inspect"
 HELP = "print a packed dataset's schema, counts and sizes"

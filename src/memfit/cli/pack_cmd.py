@@ -17,7 +17,7 @@ import argparse
 import signal
 
 from memfit.cli.common import count
-from memfit.data.pack import pack
+from memfit.data.packing.packer import pack
 from memfit.errors import DatasetError
 
 NAME = "pack"

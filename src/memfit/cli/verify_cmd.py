@@ -14,7 +14,7 @@ import argparse
 from tqdm import tqdm
 
 from memfit.cli.common import CLOSED_PIPE, print_output
-from memfit.data.verify import total_bytes, verify
+from memfit.data.verification import total_bytes, verify
 
 NAME = "verify"
 HELP = "check every shard's sha256 and record CRC; exit 1 on damage"

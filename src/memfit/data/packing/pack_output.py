@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit.atomic import TMP_MARK, file_sha256, write_text_atomic
-from memfit.data.arrays_format import FORMAT as ARRAYS
-from memfit.data.arrays_format import ArraysManifest, manifest_format
-from memfit.data.manifest import MANIFEST, Manifest
+from memfit.data.format.arrays_format import FORMAT as ARRAYS
+from memfit.data.format.arrays_format import ArraysManifest, manifest_format
+from memfit.data.format.manifest import MANIFEST, Manifest
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 

@@ -188,7 +188,7 @@ def fed_dataset(feed: Callable[[Any], list[np.ndarray]], per_epoch: int, *, epoc
 
     A :class:`~memfit.errors.CorruptShardError` that ``feed`` raises fails the element with
     an assertion whose text is its message
-    (:func:`memfit.data.translate_errors.assert_clean`), which reaches the user as that
+    (:func:`memfit.data.read.translate_errors.assert_clean`), which reaches the user as that
     error again, not as a ``numpy_function``'s traceback; the pass's later windows fail
     with it too.
 
@@ -206,7 +206,7 @@ def fed_dataset(feed: Callable[[Any], list[np.ndarray]], per_epoch: int, *, epoc
     """
     import tensorflow as tf
 
-    from memfit.data.translate_errors import assert_clean
+    from memfit.data.read.translate_errors import assert_clean
 
     types = [tf.as_dtype(d) for d in dtypes]
 

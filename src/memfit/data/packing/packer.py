@@ -1,10 +1,11 @@
 """``memfit.pack``: write a source into checksummed TFRecord shards plus ``manifest.json``
 (or, with ``format="arrays"``, into one ``.npy`` file per split and feature).
 
-This module is the entry point: it checks the arguments (:class:`~memfit.data.packing.
-PackOptions`), opens the source (:mod:`memfit.data.sources`), makes the output directory
-ready (:mod:`memfit.data.pack_output`) and hands the work to a packer: TFRecord shards
-(:mod:`memfit.data.pack_shards`) or ``.npy`` arrays (:mod:`memfit.data.arrays_pack`).
+This module is the entry point: it checks the arguments (:class:`~memfit.data.packing.pack_options.
+PackOptions`), opens the source (:mod:`memfit.data.packing.sources`), makes the output directory
+ready (:mod:`memfit.data.packing.pack_output`) and hands the work to a packer: TFRecord shards
+(:mod:`~memfit.data.packing.pack_shards`) or ``.npy`` arrays
+(:mod:`~memfit.data.packing.arrays_pack`).
 
 Samples are written in a seeded global shuffle order (so every shard is already a mix),
 in blocks of ``samples_per_record`` per record, split into shards of about equal size.
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from memfit.atomic import temporary_name
-from memfit.data.arrays_format import ArraysManifest
-from memfit.data.arrays_pack import pack_arrays
-from memfit.data.manifest import Manifest
-from memfit.data.pack_output import (
+from memfit.data.format.arrays_format import ArraysManifest
+from memfit.data.format.manifest import Manifest
+from memfit.data.packing.arrays_pack import pack_arrays
+from memfit.data.packing.pack_options import PackOptions, check_split_counts
+from memfit.data.packing.pack_output import (
     STATE,
     already_packed,
     check_output,
@@ -45,16 +47,15 @@ from memfit.data.pack_output import (
     undo,
     write_failed,
 )
-from memfit.data.pack_replace import (
+from memfit.data.packing.pack_replace import (
     Staging,
     check_replaceable,
     holds_pack,
     recover,
     remove_leftovers,
 )
-from memfit.data.pack_shards import pack_shards, pack_stream
-from memfit.data.packing import PackOptions, check_split_counts
-from memfit.data.sources import ArraySource, StreamSource, csv_to_npy, open_source
+from memfit.data.packing.pack_shards import pack_shards, pack_stream
+from memfit.data.packing.sources import ArraySource, StreamSource, csv_to_npy, open_source
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
@@ -216,7 +217,7 @@ def _pack_into(src: ArraySource | StreamSource, out: Path, options: PackOptions,
 def _replace(src: ArraySource | StreamSource, out: Path, options: PackOptions,
              fingerprint: str | None, progress: bool, swapped: bool,
              keep: set[str]) -> tuple[Manifest | ArraysManifest, int]:
-    """Packs beside ``out`` and swaps the new dataset in (:mod:`memfit.data.pack_replace`):
+    """Packs beside ``out`` and swaps the new dataset in (:mod:`memfit.data.packing.pack_replace`):
     the old one stays whole until then. A rerun after a killed replacement resumes its
     shards, or finds its work done (``out`` holds this very pack, every file verified)."""
     clear_stale_temporaries(out, keep)     # refuses a pack still writing into out

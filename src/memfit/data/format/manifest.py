@@ -5,7 +5,7 @@ presence means the dataset is whole. It documents the feature spec well enough t
 the shards with plain TensorFlow (see :meth:`Manifest.tf_feature_spec`):
 
     >>> import tempfile, tensorflow as tf
-    >>> from memfit.data.pack import pack
+    >>> from memfit.data.packing.packer import pack
     >>> out = tempfile.mkdtemp() + "/d"
     >>> _ = pack({"x": np.arange(8, dtype="float32").reshape(4, 2)}, out,
     ...          samples_per_record=2, progress=False)
@@ -37,7 +37,7 @@ import numpy as np
 
 from memfit import checks
 from memfit.atomic import write_text_atomic
-from memfit.data.records import LENGTHS_SUFFIX
+from memfit.data.format.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 
 __all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestBase", "ManifestSchema",
@@ -168,7 +168,7 @@ S = TypeVar("S")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ManifestBase(Generic[S]):
     """What both manifest formats (TFRecord shards, :class:`Manifest`; ``.npy`` arrays,
-    :class:`~memfit.data.arrays_format.ArraysManifest`) share: their common fields,
+    :class:`~memfit.data.format.arrays_format.ArraysManifest`) share: their common fields,
     splits by name, their totals, and saving (the subclass writes ``to_json()``).
 
     Attributes:

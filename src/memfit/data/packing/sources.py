@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.buffers import release_pages
-from memfit.data.manifest import Feature, check_dtype, check_feature_name
+from memfit.data.format.manifest import Feature, check_dtype, check_feature_name
+from memfit.data.read.buffers import release_pages
 from memfit.errors import DatasetError
 
 __all__ = ["ArraySource", "StreamSource", "open_source", "csv_to_npy"]

@@ -88,11 +88,11 @@ them and without holding the GIL. The caller keeps the buffer alive."""
 
 
 def _bind_native() -> tuple[Any, int] | None:
-    """memfit's C loops (``memfit.data.cwindow``) and the address of the
+    """memfit's C loops (``memfit.data.format.cwindow``) and the address of the
     ``crc32c_extend`` they call, or ``None`` where the extension was not built (no C
     compiler at install) or the C function could not be found."""
     try:
-        from memfit.data import cwindow  # type: ignore[attr-defined]
+        from memfit.data.format import cwindow  # type: ignore[attr-defined]
     except ImportError:
         return None
     if not isinstance(crc32c_at, ctypes._CFuncPtr):

@@ -2,11 +2,11 @@
 ``memfit.dataset`` returns as ``ds.memfit_plan``, and the steps every plan goes through.
 
 - :class:`Plan`: what every reader's plan tells (batches, samples, bytes, order); the
-  pipeline's common tail (:func:`memfit.data.pipeline.finish`) reads it.
+  pipeline's common tail (:func:`memfit.data.read.pipeline_tail.finish`) reads it.
 - :class:`DatasetPlan`: the plan of packed TFRecord shards, read by memfit's block
-  reader (:mod:`memfit.data.block_plan` sizes it) or by ``tf.data``'s TFRecord reader
-  (:mod:`memfit.data.tf_reader`). ``.npy`` sources have
-  :class:`~memfit.data.arrays_reader.ArraysPlan`.
+  reader (:mod:`memfit.data.read.blocks.block_plan` sizes it) or by ``tf.data``'s TFRecord reader
+  (:mod:`memfit.data.read.tf_reader`). ``.npy`` sources have
+  :class:`~memfit.data.read.arrays_reader.ArraysPlan`.
 - :func:`settle_plan`: refuses a plan with no batch, caps glibc's arenas, logs the plan.
 
 Example:
@@ -35,7 +35,7 @@ MAX_PREFETCH = 4                # batches: the model, not the reader, is usually
 
 class Plan(Protocol):
     """What every reader's plan tells: :class:`DatasetPlan` (TFRecord shards) and
-    :class:`~memfit.data.arrays_reader.ArraysPlan` (``.npy`` arrays) both are one."""
+    :class:`~memfit.data.read.arrays_reader.ArraysPlan` (``.npy`` arrays) both are one."""
 
     @property
     def batch_size(self) -> int: ...
@@ -85,7 +85,7 @@ class DatasetPlan:
             ``parallel_windows`` threads) or ``"tf"`` (``tf.data.TFRecordDataset``).
         reader_note: why the TF reader was chosen, when it was not asked for; with the
             block reader, how samples reach their batch rows
-            (:func:`memfit.data.block_layout.reads_into_batches`).
+            (:func:`memfit.data.read.blocks.block_layout.reads_into_batches`).
     """
 
     path: str

@@ -13,7 +13,7 @@ Every random choice uses stateless ops seeded from ``(seed, epoch, ...)``
 (:func:`stateless_seed`), so the order is a pure function of them. A shard with fewer
 readable records than the manifest says (damaged, truncated, or its file gone) raises
 memfit's :class:`~memfit.errors.CorruptShardError` naming the file and the first record
-missing (:mod:`memfit.data.translate_errors`), or with ``on_corrupt="skip"`` is read up to
+missing (:mod:`memfit.data.read.translate_errors`), or with ``on_corrupt="skip"`` is read up to
 the damage with one warning per shard for the whole run.
 
 Example:
@@ -32,12 +32,12 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from memfit.data.feeder import epochs_dataset
-from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import finish, warn_skipped
-from memfit.data.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
-from memfit.data.records import LENGTHS_SUFFIX
-from memfit.data.translate_errors import assert_clean, what_to_do
+from memfit.data.format.manifest import Manifest, Shard
+from memfit.data.format.records import LENGTHS_SUFFIX
+from memfit.data.read.feeder import epochs_dataset
+from memfit.data.read.pipeline_tail import finish, warn_skipped
+from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
+from memfit.data.read.translate_errors import assert_clean, what_to_do
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 

@@ -1,14 +1,14 @@
 """The block reader's reads: each piece of a window's records put where it goes, in one
 pass, and each record's frame header, tags and CRC32C checked.
 
-A window's order is decided before it is read (:mod:`memfit.data.blocks`), so each
+A window's order is decided before it is read (:mod:`memfit.data.read.blocks.block_reader`), so each
 sample's destination is known: with memfit's C loop
-(:func:`~memfit.data.block_layout.reads_into_batches`) each record is read into a staging
-buffer that stays in the CPU cache, its CRC32C checked there, and each sample's values
+(:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each record is read into a
+staging buffer that stays in the CPU cache, its CRC32C checked there, and each sample's values
 copied to its batch row, one call per window without the GIL; without it, a run of
 consecutive records is read with one ``os.preadv`` that scatters each feature's bytes
 into a contiguous per-feature scratch buffer (reused from call to call), the CRC32C is
-computed over the pieces in place (:func:`memfit.data.records.crc32c_spans`), and the
+computed over the pieces in place (:func:`memfit.data.format.records.crc32c_spans`), and the
 reader gathers the samples into aligned batches. Either way the frame headers and
 protobuf tags land in small side buffers and are checked against the layout.
 
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data import records as _records
-from memfit.data.block_layout import RecordLayout, record_layout
-from memfit.data.buffers import aligned_empty
-from memfit.data.manifest import Feature
-from memfit.data.records import crc32c_spans, mask_crc
+from memfit.data.format import records as _records
+from memfit.data.format.manifest import Feature
+from memfit.data.format.records import crc32c_spans, mask_crc
+from memfit.data.read.blocks.block_layout import RecordLayout, record_layout
+from memfit.data.read.buffers import aligned_empty
 
 __all__ = ["Buffers", "RecordReads", "GONE"]
 
@@ -214,8 +214,8 @@ class RecordReads:
         A record's bytes go, in file order, to its pieces: the frame header, tags and CRC
         to side buffers, each sample's values where ``to`` says (the I/O vectors are
         built with NumPy, no Python object per piece). With memfit's C loop
-        (:func:`~memfit.data.block_layout.reads_into_batches`) each record is read into a
-        staging buffer, its CRC32C computed there while it is in the CPU cache, and its
+        (:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each record is read
+        into a staging buffer, its CRC32C computed there while it is in the CPU cache, and its
         pieces copied out. Without it, each run of consecutive records of a shard is one
         ``preadv`` straight into the pieces (merged where they continue one another in
         memory, as a record's samples in a scratch buffer do), and the CRC32C is computed

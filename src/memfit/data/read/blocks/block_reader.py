@@ -1,14 +1,14 @@
 """memfit's block reader: packed shards of fixed-shape features read straight into batches.
 
-The modules of the block reader: :mod:`memfit.data.block_layout` (where everything is in
-a record, and whether the reader can read a set of shards), :mod:`memfit.data.block_io`
+The modules of the block reader: :mod:`memfit.data.read.blocks.block_layout` (where everything is in
+a record, and whether the reader can read a set of shards), :mod:`memfit.data.read.blocks.block_io`
 (each piece of a window's records read to where it goes, and checked),
-:mod:`memfit.data.block_plan` (the window, parallelism and prefetch depth from the byte
+:mod:`memfit.data.read.blocks.block_plan` (the window, parallelism and prefetch depth from the byte
 budget: the reader's memory model), and this one: which samples make each window, and
 the ``tf.data`` pipeline over the windows.
 
 Since a window's order is decided before it is read, the reader knows where each sample
-goes: with memfit's C loop (:func:`~memfit.data.block_layout.reads_into_batches`) each
+goes: with memfit's C loop (:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each
 sample is read straight into its batch row; without it, records are read into scratch
 buffers (reused from call to call) and one ``np.take`` per feature gathers the samples
 into aligned batches.
@@ -30,14 +30,14 @@ sample) and is computed once per epoch.
 Integrity: a record whose frame header, tags or CRC32C does not match, that lies past
 the end of its (truncated) file, or whose file is gone, raises :class:`ShardReadError`
 naming the shard file and the record's index (through ``tf.data``, the
-:class:`~memfit.errors.CorruptShardError` of :mod:`memfit.data.translate_errors`); with
+:class:`~memfit.errors.CorruptShardError` of :mod:`memfit.data.read.translate_errors`); with
 ``on_corrupt="skip"`` its samples are left out and one warning on stderr counts the
 records skipped. Fixed-length records let the reader go on after a damaged record
 instead of losing the rest of the shard.
 
 Example:
     >>> import tempfile
-    >>> from memfit.data.pack import pack
+    >>> from memfit.data.packing.packer import pack
     >>> out = tempfile.mkdtemp() + "/d"
     >>> _ = pack({"x": np.zeros((100, 3), "float32"), "y": np.arange(100)}, out, shards=2,
     ...          samples_per_record=8, progress=False)
@@ -65,14 +65,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memfit.data.block_io import GONE, Buffers, RecordReads
-from memfit.data.block_layout import reads_into_batches
-from memfit.data.buffers import BufferPool, RecyclingBuffers, touch
-from memfit.data.feeder import WindowFeeder, fed_dataset, order_rng
-from memfit.data.manifest import Manifest, Shard
-from memfit.data.pipeline import finish, warn_skipped
-from memfit.data.plan import DatasetPlan
-from memfit.data.translate_errors import what_to_do
+from memfit.data.format.manifest import Manifest, Shard
+from memfit.data.read.blocks.block_io import GONE, Buffers, RecordReads
+from memfit.data.read.blocks.block_layout import reads_into_batches
+from memfit.data.read.buffers import BufferPool, RecyclingBuffers, touch
+from memfit.data.read.feeder import WindowFeeder, fed_dataset, order_rng
+from memfit.data.read.pipeline_tail import finish, warn_skipped
+from memfit.data.read.plan import DatasetPlan
+from memfit.data.read.translate_errors import what_to_do
 from memfit.errors import CorruptShardError
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class BlockReader:
 
     Args:
         manifest: the dataset's manifest
-            (:func:`~memfit.data.block_layout.why_not` must have said yes).
+            (:func:`~memfit.data.read.blocks.block_layout.why_not` must have said yes).
         shards: the shards to read (a worker's share of a split).
         names: the features to return, in order.
         seed: the order's seed.
@@ -403,7 +403,7 @@ def build(reader: BlockReader, plan: DatasetPlan, features: Sequence[str] | None
         element numbers → map(numpy_function(WindowFeeder(reader.window)))
         → rebatch(batch_size) (dim-0 slices: no copy) → prefetch
 
-    The feeder (:class:`memfit.data.feeder.WindowFeeder`) builds ``parallel_windows``
+    The feeder (:class:`memfit.data.read.feeder.WindowFeeder`) builds ``parallel_windows``
     windows ahead on its own threads, into the next epoch, and hands them to a
     sequential map in order: a new iterator instantiates two small functions (one with
     ``epochs=N``) and finds its first windows built. A pass of several epochs
@@ -415,7 +415,7 @@ def build(reader: BlockReader, plan: DatasetPlan, features: Sequence[str] | None
 
     Args:
         reader: the reader.
-        plan: the :class:`~memfit.data.plan.DatasetPlan` (epochs, parallelism, prefetch).
+        plan: the :class:`~memfit.data.read.plan.DatasetPlan` (epochs, parallelism, prefetch).
         features: ``None`` for dict elements, else the names for tuple elements (one name:
             the tensor alone).
         drop_remainder: drop the last, smaller batch of each epoch (static batch size).

@@ -2,7 +2,8 @@
 
 Two readers, one order model. Shards of fixed-shape features, uncompressed (what
 ``memfit.pack`` writes by default), are read by memfit's block reader
-(:mod:`memfit.data.blocks`, planned by :mod:`memfit.data.block_plan`), for epoch ``e``::
+(:mod:`~memfit.data.read.blocks.block_reader`, planned by
+:mod:`~memfit.data.read.blocks.block_plan`), for epoch ``e``::
 
     shard files, permuted by (seed, e), read `cycle_length` at a time round-robin
       → the record sequence, cut into windows of a whole number of batches
@@ -15,7 +16,7 @@ Two readers, one order model. Shards of fixed-shape features, uncompressed (what
       → rebatch to `batch_size` → prefetch
 
 Anything else (variable-shape features, GZIP/ZLIB shards, ``reader="tf"``) is read by
-``tf.data``'s own TFRecord reader (:mod:`memfit.data.tf_reader`): shards interleaved
+``tf.data``'s own TFRecord reader (:mod:`memfit.data.read.tf_reader`): shards interleaved
 ``cycle_length`` at a time, windows of ``window_records`` records parsed in one
 ``tf.io.parse_example`` and permuted by ``(seed, e, window)``, rebatched, prefetched.
 
@@ -31,9 +32,9 @@ per epoch) moves to the next epoch; with ``epochs=N`` one pass runs all epochs f
 ``epoch`` to ``N - 1`` (use ``steps_per_epoch=ds.memfit_plan.steps_per_epoch``).
 
 ``.npy`` sources (dicts of paths, directories of ``.npy`` files, ``format="arrays"``
-packs) are dispatched to :mod:`memfit.data.arrays_reader` (memory-mapped, a true global
+packs) are dispatched to :mod:`memfit.data.read.arrays_reader` (memory-mapped, a true global
 shuffle). This module is the dispatcher: it checks the arguments, chooses the reader and
-its plan (:class:`~memfit.data.plan.DatasetPlan`), and builds that reader's pipeline.
+its plan (:class:`~memfit.data.read.plan.DatasetPlan`), and builds that reader's pipeline.
 
 Example:
     >>> ds = memfit.dataset("data/train", batch_size=256, features=("x", "y"),
@@ -54,14 +55,14 @@ from typing import Any
 import tensorflow as tf
 
 from memfit import checks
-from memfit.data import arrays_reader, tf_reader
-from memfit.data.arguments import check_arguments, check_features, check_seed, check_shard
-from memfit.data.arrays_format import is_arrays_source
-from memfit.data.block_layout import why_not
-from memfit.data.block_plan import outputs_alive, plan_blocks
-from memfit.data.blocks import BlockReader, build
-from memfit.data.manifest import Manifest, Shard, Split
-from memfit.data.plan import DatasetPlan, settle_plan
+from memfit.data.format.arrays_format import is_arrays_source
+from memfit.data.format.manifest import Manifest, Shard, Split
+from memfit.data.read import arrays_reader, tf_reader
+from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
+from memfit.data.read.blocks.block_layout import why_not
+from memfit.data.read.blocks.block_plan import outputs_alive, plan_blocks
+from memfit.data.read.blocks.block_reader import BlockReader, build
+from memfit.data.read.plan import DatasetPlan, settle_plan
 from memfit.errors import CorruptShardError
 from memfit.quiet import ignore_keras_shuffle_warning
 from memfit.sizes import parse_size
@@ -81,13 +82,13 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
     ``model.fit``.
 
     Shards of fixed-shape features without compression are read by memfit's block reader
-    (:mod:`memfit.data.blocks`: each sample read straight into its batch row); others
-    by ``tf.data``'s TFRecord reader. Both give every sample once
+    (:mod:`~memfit.data.read.blocks.block_reader`: each sample read straight into its batch
+    row); others by ``tf.data``'s TFRecord reader. Both give every sample once
     per epoch in an order that is a pure function of ``(seed, epoch)``.
 
     ``.npy`` sources (a dict of feature name → ``.npy`` path, a directory of ``.npy``
     files, one ``.npy`` file, or a directory written by ``memfit.pack(...,
-    format="arrays")``) are read by :func:`memfit.data.arrays_reader.dataset`: memory-mapped,
+    format="arrays")``) are read by :func:`memfit.data.read.arrays_reader.dataset`: memory-mapped,
     a global permutation per epoch, batches gathered with sorted reads; the arguments
     mean the same there (see it for ``indices`` and ``cache``).
 
@@ -136,8 +137,8 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
 
     Returns:
         A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the
-        :class:`~memfit.data.plan.DatasetPlan`
-        (an :class:`~memfit.data.arrays_reader.ArraysPlan` for ``.npy`` sources).
+        :class:`~memfit.data.read.plan.DatasetPlan`
+        (an :class:`~memfit.data.read.arrays_reader.ArraysPlan` for ``.npy`` sources).
     """
     # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
     ignore_keras_shuffle_warning()

@@ -1,16 +1,16 @@
 """The arrays packer: ``memfit.pack(..., format="arrays")`` writes a source as a
-"memfit-arrays" directory (:mod:`memfit.data.arrays_format`), one ``.npy`` file per split
+"memfit-arrays" directory (:mod:`memfit.data.format.arrays_format`), one ``.npy`` file per split
 and feature.
 
 Samples go to splits by the same seeded permutation as the TFRecord format
-(:func:`~memfit.data.packing.split_order`), in that shuffled order when shuffling (else
+(:func:`~memfit.data.packing.pack_options.split_order`), in that shuffled order when shuffling (else
 in source order). Each file is written to a temporary name and renamed; ``manifest.json``
 comes last. An interrupted pack rerun with the same arguments keeps the splits whose
 files' sha256 still match.
 
 Example:
     >>> import tempfile
-    >>> from memfit.data.sources import open_source
+    >>> from memfit.data.packing.sources import open_source
     >>> out = Path(tempfile.mkdtemp())
     >>> src = open_source({"x": np.arange(6, dtype="float32").reshape(3, 2)})
     >>> manifest, kept = pack_arrays(src, out, {}, PackOptions.of(format="arrays",
@@ -32,16 +32,16 @@ import numpy as np
 
 from memfit._version import __version__
 from memfit.atomic import file_sha256
-from memfit.data.arrays_format import ArrayFile, ArraysManifest, ArraysSplit
-from memfit.data.pack_output import save_state
-from memfit.data.packing import (
+from memfit.data.format.arrays_format import ArrayFile, ArraysManifest, ArraysSplit
+from memfit.data.packing.pack_options import (
     CHUNK_BYTES,
     HashingWriter,
     PackOptions,
     progress_bar,
     split_order,
 )
-from memfit.data.sources import ArraySource
+from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.sources import ArraySource
 from memfit.errors import DatasetError
 
 __all__ = ["NpyWriter", "pack_arrays"]
@@ -129,7 +129,7 @@ def pack_arrays(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
 
     Args:
         src: the source (fixed-shape features); out: the output directory
-            (:func:`~memfit.data.pack_output.prepare_output` made it ready and returned
+            (:func:`~memfit.data.packing.pack_output.prepare_output` made it ready and returned
             ``state``).
         options: the pack's options; fingerprint: what is packed.
         progress: show a progress bar.

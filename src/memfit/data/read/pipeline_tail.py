@@ -1,12 +1,12 @@
 """The common tail of memfit's ``tf.data`` pipelines (the block reader, the TF reader and
 the arrays reader): known cardinality, prefetch, no auto-sharding when sharded by hand,
 the plan attached, and memfit's own error for a damaged shard met anywhere the dataset is
-read (:mod:`memfit.data.translate_errors`); :func:`warn_skipped`, what the readers say
+read (:mod:`memfit.data.read.translate_errors`); :func:`warn_skipped`, what the readers say
 when they skip damage (``on_corrupt="skip"``).
 
 Example:
     >>> import tensorflow as tf
-    >>> from memfit.data.plan import DatasetPlan
+    >>> from memfit.data.read.plan import DatasetPlan
     >>> plan = DatasetPlan(path="d", split="train", batch_size=2, samples=4,
     ...                    steps_per_epoch=2, memory_budget=2**20, estimated_bytes=0,
     ...                    window_records=1, window_samples=2, cycle_length=1,
@@ -24,8 +24,8 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from memfit.data import translate_errors
-from memfit.data.plan import Plan
+from memfit.data.read import translate_errors
+from memfit.data.read.plan import Plan
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -39,7 +39,7 @@ def finish(ds: tf.data.Dataset, plan: Plan, counter: Any, *, sharded: bool,
            check_cardinality: bool = True) -> tf.data.Dataset:
     """The common tail of memfit's pipelines. A damaged shard met while the result (or a
     dataset made from it) is read raises :class:`~memfit.errors.CorruptShardError`
-    (:func:`memfit.data.translate_errors.install`).
+    (:func:`memfit.data.read.translate_errors.install`).
 
     Args:
         ds: the batches of all the epochs of one pass.

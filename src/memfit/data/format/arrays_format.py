@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.manifest import (
+from memfit.data.format.manifest import (
     MANIFEST,
     ManifestBase,
     ManifestSchema,
@@ -72,11 +72,11 @@ class ArraysManifest(ManifestBase[ArraysSplit]):
     whose first dimension is the split's samples, so ``np.load(path, mmap_mode="r")`` reads
     it without memfit.
 
-    Its fields are :class:`~memfit.data.manifest.ManifestBase`'s.
+    Its fields are :class:`~memfit.data.format.manifest.ManifestBase`'s.
 
     Example:
         >>> import tempfile
-        >>> from memfit.data.pack import pack
+        >>> from memfit.data.packing.packer import pack
         >>> out = tempfile.mkdtemp() + "/a"
         >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, format="arrays", progress=False)
         >>> m = ArraysManifest.load(out)

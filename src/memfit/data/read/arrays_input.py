@@ -3,7 +3,7 @@ checked, and the samples asked for (``indices=``).
 
 A source is a dict of feature name → ``.npy`` path (or in-memory array), a directory of
 ``.npy`` files (the feature name is the file stem), one ``.npy`` file, or a
-"memfit-arrays" directory (:mod:`memfit.data.arrays_format`).
+"memfit-arrays" directory (:mod:`memfit.data.format.arrays_format`).
 
 Example:
     >>> check_indices(np.array([True, False, True]), 3).tolist()
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.arrays_format import FORMAT, ArraysManifest, manifest_format, open_npy
-from memfit.data.manifest import check_dtype, check_feature_name
+from memfit.data.format.arrays_format import FORMAT, ArraysManifest, manifest_format, open_npy
+from memfit.data.format.manifest import check_dtype, check_feature_name
 from memfit.errors import DatasetError
 
 __all__ = ["ArraysInput", "resolve", "open_columns", "check_indices"]

@@ -1,4 +1,4 @@
-/* memfit.data.cwindow: the block reader's inner loops over a window's records, in C,
+/* memfit.data.format.cwindow: the block reader's inner loops over a window's records, in C,
  * in one call each and without the GIL.
  *
  * A window is a few hundred records whose samples go to rows all over its batches. From
@@ -154,7 +154,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "cwindow",
-    "The block reader's inner loops in C (see memfit.data.records).", -1, methods,
+    "The block reader's inner loops in C (see memfit.data.format.records).", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -1,9 +1,9 @@
 """Where everything is in a record of a memfit shard of fixed-shape features, and whether
-memfit's block reader (:mod:`memfit.data.blocks`) can read a set of shards.
+memfit's block reader (:mod:`memfit.data.read.blocks.block_reader`) can read a set of shards.
 
 Every record of a memfit shard is a ``tf.train.Example`` that memfit encoded itself: a
 block of ``samples_per_record`` samples, each feature one ``bytes_list`` value of raw
-little-endian bytes (:mod:`memfit.data.records`). When every feature has a fixed shape,
+little-endian bytes (:mod:`memfit.data.format.records`). When every feature has a fixed shape,
 all full records of a split have the same length and keep each feature's bytes at the
 same offsets, and only the last record of a shard may hold fewer samples. So the reader
 knows where everything is without parsing anything (:func:`record_layout`).
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data import records
-from memfit.data.manifest import Feature, Manifest, Shard
-from memfit.data.records import example_layout, frame_header
+from memfit.data.format import records
+from memfit.data.format.manifest import Feature, Manifest, Shard
+from memfit.data.format.records import example_layout, frame_header
 
 __all__ = ["RecordLayout", "record_layout", "reads_into_batches", "why_not"]
 
@@ -51,7 +51,7 @@ class RecordLayout:
 
 
 def record_layout(features: Sequence[Feature], samples: int) -> RecordLayout:
-    """The layout :func:`memfit.data.records.encode_example` gives a record of
+    """The layout :func:`memfit.data.format.records.encode_example` gives a record of
     ``samples`` samples of these (fixed-shape) features, in the manifest's order.
 
     Example:
@@ -80,7 +80,7 @@ def record_layout(features: Sequence[Feature], samples: int) -> RecordLayout:
 
 def reads_into_batches(dtypes: Sequence[Any]) -> bool:
     """Whether the block reader reads each sample of these (little-endian) dtypes straight
-    into its batch row: it needs memfit's C loop (``memfit.data.cwindow``, built at
+    into its batch row: it needs memfit's C loop (``memfit.data.format.cwindow``, built at
     install where a C compiler is found), which reads each record into a staging buffer
     that stays in the CPU cache, checks its CRC32C there and copies each sample to its
     row, and no byte swapping. Otherwise records are read into scratch buffers in order

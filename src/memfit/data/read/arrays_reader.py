@@ -7,9 +7,9 @@
 - one ``.npy`` file, or
 - a "memfit-arrays" directory written by ``memfit.pack(..., format="arrays")``
   (``<split>/<feature>.npy`` plus a ``manifest.json`` with dtypes, shapes and sha256:
-  :mod:`memfit.data.arrays_format`).
+  :mod:`memfit.data.format.arrays_format`).
 
-(:mod:`memfit.data.arrays_input` opens and checks them.)
+(:mod:`memfit.data.read.arrays_input` opens and checks them.)
 
 The pipeline, for epoch ``e``::
 
@@ -55,12 +55,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from memfit.data.arguments import check_arguments, check_features, check_seed, check_shard
-from memfit.data.arrays_input import ArraysInput, check_indices, open_columns, resolve
-from memfit.data.buffers import BufferPool, RecyclingBuffers, release_pages
-from memfit.data.feeder import WindowFeeder, fed_dataset, order_rng
-from memfit.data.pipeline import finish
-from memfit.data.plan import plan_summary, settle_plan, steps_per_epoch
+from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
+from memfit.data.read.arrays_input import ArraysInput, check_indices, open_columns, resolve
+from memfit.data.read.buffers import BufferPool, RecyclingBuffers, release_pages
+from memfit.data.read.feeder import WindowFeeder, fed_dataset, order_rng
+from memfit.data.read.pipeline_tail import finish
+from memfit.data.read.plan import plan_summary, settle_plan, steps_per_epoch
 from memfit.errors import CorruptShardError, DatasetError
 from memfit.sizes import format_size, parse_size
 
@@ -82,8 +82,8 @@ _INDEX_COPIES = 4               # the indices, this epoch's ids, the next epoch'
 class ArraysPlan:
     """What ``memfit.dataset`` chose for a ``.npy`` source, and what it will yield.
 
-    The sibling of :class:`memfit.data.plan.DatasetPlan` (both are a
-    :class:`~memfit.data.plan.Plan`) (same ``batch_size``,
+    The sibling of :class:`memfit.data.read.plan.DatasetPlan` (both are a
+    :class:`~memfit.data.read.plan.Plan`) (same ``batch_size``,
     ``samples``, ``steps_per_epoch``, ``memory_budget``, ``estimated_bytes``,
     ``prefetch_batches``, ``seed``, ``epoch``, ``epochs``, ``shuffle``, ``arena_limit``).
 

@@ -1,7 +1,7 @@
 """The block reader's plan: its window, parallelism and prefetch depth from a byte budget,
-and the memory model behind them (every byte the reader of :mod:`memfit.data.blocks`
-holds: its scratch buffers of :mod:`memfit.data.block_io`, its outputs, its record
-sequences).
+and the memory model behind them (every byte the reader of
+:mod:`~memfit.data.read.blocks.block_reader` holds: its scratch buffers of
+:mod:`~memfit.data.read.blocks.block_io`, its outputs, its record sequences).
 
 A window (a whole number of batches) is read into its batches of the requested
 features, with scratch for what the CRC covers but the window does not return: the
@@ -22,9 +22,9 @@ import math
 import os
 from collections.abc import Sequence
 
-from memfit.data.block_layout import reads_into_batches, record_layout
-from memfit.data.manifest import Manifest, Shard
-from memfit.data.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
+from memfit.data.format.manifest import Manifest, Shard
+from memfit.data.read.blocks.block_layout import reads_into_batches, record_layout
+from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
@@ -142,7 +142,7 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
         budget: the byte budget.
         names: the features returned; shards: the shards read (a worker's share).
         shuffle, samples, drop_remainder, seed, epoch, epochs: as for
-            :func:`memfit.data.stream.dataset`.
+            :func:`memfit.data.read.dispatch.dataset`.
     """
     k = manifest.samples_per_record
     memory = BlockMemory.of(manifest, names, shards, batch_size)
@@ -161,4 +161,5 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        reader_note="each sample read straight into its batch row"
                        if memory.direct
                        else "records read into reused buffers, their samples then gathered "
-                            "into batches: memfit's C extension memfit.data.cwindow is not built")
+                            "into batches: memfit's C extension "
+                            "memfit.data.format.cwindow is not built")

@@ -7,7 +7,7 @@ directory of ``.npy`` files (no manifest) gets its headers, sizes and lengths ch
 
 Example:
     >>> import tempfile, numpy as np
-    >>> from memfit.data.pack import pack
+    >>> from memfit.data.packing.packer import pack
     >>> out = tempfile.mkdtemp() + "/d"
     >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, progress=False)
     >>> report = verify(out)
@@ -26,10 +26,15 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from memfit.data.arrays_format import FORMAT as ARRAYS
-from memfit.data.arrays_format import ArraysManifest, is_arrays_source, manifest_format, open_npy
-from memfit.data.manifest import Manifest, Shard
-from memfit.data.records import RecordError, iter_records
+from memfit.data.format.arrays_format import FORMAT as ARRAYS
+from memfit.data.format.arrays_format import (
+    ArraysManifest,
+    is_arrays_source,
+    manifest_format,
+    open_npy,
+)
+from memfit.data.format.manifest import Manifest, Shard
+from memfit.data.format.records import RecordError, iter_records
 from memfit.sizes import format_size
 
 __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
@@ -58,7 +63,7 @@ def total_bytes(path: str | os.PathLike) -> int:
 
     Example:
         >>> import tempfile, numpy as np
-        >>> from memfit.data.pack import pack
+        >>> from memfit.data.packing.packer import pack
         >>> out = tempfile.mkdtemp() + "/d"
         >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, progress=False)
         >>> total_bytes(out)
@@ -264,7 +269,7 @@ def verify(path: str | os.PathLike,
 
     Example:
         >>> import tempfile, numpy as np
-        >>> from memfit.data.pack import pack
+        >>> from memfit.data.packing.packer import pack
         >>> out = tempfile.mkdtemp() + "/d"
         >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, progress=False)
         >>> print(verify(out))                                  # doctest: +ELLIPSIS

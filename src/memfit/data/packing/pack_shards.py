@@ -35,17 +35,17 @@ import numpy as np
 
 from memfit._version import __version__
 from memfit.atomic import TMP_MARK, file_sha256, temporary_name
-from memfit.data.manifest import Feature, Manifest, Shard, Split, shard_name
-from memfit.data.pack_output import save_state
-from memfit.data.packing import (
+from memfit.data.format.manifest import Feature, Manifest, Shard, Split, shard_name
+from memfit.data.format.records import LENGTHS_SUFFIX, encode_example, frame
+from memfit.data.packing.pack_options import (
     CHUNK_BYTES,
     HashingWriter,
     PackOptions,
     progress_bar,
     split_order,
 )
-from memfit.data.records import LENGTHS_SUFFIX, encode_example, frame
-from memfit.data.sources import ArraySource, StreamSource, open_source
+from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.sources import ArraySource, StreamSource, open_source
 from memfit.errors import DatasetError
 
 __all__ = ["ShardWriter", "encode_block", "write_shard", "pack_shards", "pack_stream"]
@@ -289,7 +289,7 @@ def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
     """Writes a source of known length as shards (see the module docstring).
 
     Args:
-        src: the source; out: the output directory (:func:`~memfit.data.pack_output.
+        src: the source; out: the output directory (:func:`~memfit.data.packing.pack_output.
             prepare_output` made it ready and returned ``state``).
         options: the pack's options; fingerprint: what is packed (``None``: an iterable).
         progress: show a progress bar.

@@ -1,5 +1,5 @@
-"""What both packers share (the TFRecord shards of :mod:`memfit.data.pack_shards` and the
-``.npy`` files of :mod:`memfit.data.arrays_pack`): the options of a pack, checked in one
+"""What both packers share (the TFRecord shards of :mod:`memfit.data.packing.pack_shards` and the
+``.npy`` files of :mod:`memfit.data.packing.arrays_pack`): the options of a pack, checked in one
 place (:class:`PackOptions`), the samples each split gets (:func:`split_order`, one
 seeded permutation), files written under a temporary name with their sha256
 (:class:`HashingWriter`), and the progress bar.
@@ -28,7 +28,7 @@ import numpy as np
 
 from memfit import checks
 from memfit.atomic import discard, temporary_name
-from memfit.data.sources import ArraySource, StreamSource
+from memfit.data.packing.sources import ArraySource, StreamSource
 from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 

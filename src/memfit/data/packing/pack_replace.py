@@ -36,10 +36,10 @@ from collections.abc import Collection
 from pathlib import Path
 
 from memfit.atomic import TMP_MARK
-from memfit.data.arrays_format import FORMAT as ARRAYS
-from memfit.data.arrays_format import ArraysManifest, manifest_format
-from memfit.data.manifest import MANIFEST
-from memfit.data.pack_output import STATE, remove, undo
+from memfit.data.format.arrays_format import FORMAT as ARRAYS
+from memfit.data.format.arrays_format import ArraysManifest, manifest_format
+from memfit.data.format.manifest import MANIFEST
+from memfit.data.packing.pack_output import STATE, remove, undo
 from memfit.errors import DatasetError
 
 __all__ = ["Staging", "staging_path", "old_path", "holds_pack", "check_replaceable",

@@ -1,0 +1,19 @@
+"""Packing: ``memfit.pack`` writes a source into checksummed shards plus a manifest.
+
+Read in this order:
+
+- :mod:`~memfit.data.packing.packer`: ``memfit.pack`` itself, the one entry; it checks
+  the input, prepares the output and hands the work to a packer.
+- :mod:`~memfit.data.packing.sources`: what can be packed (arrays, ``.npz``, CSV, an
+  iterable of dicts), each read in chunks.
+- :mod:`~memfit.data.packing.pack_options`: the options both packers share
+  (:class:`~memfit.data.packing.pack_options.PackOptions`), the seeded split order,
+  files written under a temporary name with their sha256, the progress bar.
+- the packers: :mod:`~memfit.data.packing.pack_shards` (TFRecord shards, the default)
+  and :mod:`~memfit.data.packing.arrays_pack` (``format="arrays"``).
+- the output directory: :mod:`~memfit.data.packing.pack_output` (made ready, resumed,
+  undone on failure) and :mod:`~memfit.data.packing.pack_replace` (``overwrite=True``:
+  the old dataset or the new one, whole, at every instant).
+
+A new source goes into ``sources``; a new way to write goes beside the two packers.
+"""
