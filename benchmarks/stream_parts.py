@@ -17,6 +17,7 @@ Uses the 25,000-sample data of ``stream.py`` (``bench-data/``; made if missing).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 import sys
@@ -110,9 +111,10 @@ def main() -> None:
     try:
         records.NATIVE = None                           # decided when a reader is made
         gathering = blocks.BlockReader(
-            manifest, manifest.split("train").shards, reader.names, seed=reader.seed,
-            shuffle=True, cycle=reader.cycle, window=window, batch_size=bench.BATCH,
-            samples=reader.samples, on_corrupt="raise")
+            manifest, manifest.split("train").shards,
+            dataclasses.replace(reader.plan, window=window, batch_size=bench.BATCH,
+                                builders=1, outputs_alive=4),
+            on_corrupt="raise")
         gathering.window(1, 0)
     finally:
         records.NATIVE = native

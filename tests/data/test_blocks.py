@@ -10,6 +10,7 @@ from memfit.data.format.manifest import Feature, Manifest
 from memfit.data.format.records import encode_example, frame
 from memfit.data.read.blocks import block_layout
 from memfit.data.read.blocks import block_reader as blocks
+from memfit.data.read.blocks.block_plan import BlockReaderPlan
 from memfit.errors import CorruptShardError
 from tests.data.helpers import by_id, read_all, small_arrays
 
@@ -102,8 +103,9 @@ def test_windows_are_pure_functions_of_seed_epoch_and_index(packed):
     shards = m.splits["train"].shards
 
     def reader():
-        return blocks.BlockReader(m, shards, ("id",), seed=4, shuffle=True, cycle=3,
-                                  window=64, batch_size=32, samples=900, on_corrupt="raise")
+        plan = BlockReaderPlan(names=("id",), seed=4, shuffle=True, cycle=3, window=64,
+                               batch_size=32, samples=900)
+        return blocks.BlockReader(m, shards, plan, on_corrupt="raise")
 
     a, b = reader(), reader()
     forward = [a.window(2, w)[0].tolist() for w in range(a.windows)]
@@ -169,9 +171,9 @@ def test_features_subset_returns_only_what_is_asked(packed):
     y, i = next(iter(ds))
     np.testing.assert_array_equal(y.numpy(), small_arrays(1000)["y"][i.numpy()])
     m = Manifest.load(packed)
-    reader = blocks.BlockReader(m, m.splits["val"].shards, ("y",), seed=0, shuffle=False,
-                                cycle=1, window=32, batch_size=32, samples=100,
-                                on_corrupt="raise")
+    plan = BlockReaderPlan(names=("y",), seed=0, shuffle=False, cycle=1, window=32,
+                           batch_size=32, samples=100)
+    reader = blocks.BlockReader(m, m.splits["val"].shards, plan, on_corrupt="raise")
     out = reader.window(0, 0)
     assert len(out) == 1 and out[0].dtype == np.int64 and out[0].shape == (32,)
     assert set(reader._outputs) == {reader.requested[0]}     # no buffers for x or id

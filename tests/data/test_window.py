@@ -12,6 +12,7 @@ import memfit
 from memfit.data.format import records
 from memfit.data.format.manifest import Manifest
 from memfit.data.read.blocks import block_reader as blocks
+from memfit.data.read.blocks.block_plan import BlockReaderPlan
 from tests.data.helpers import small_arrays
 
 
@@ -56,8 +57,9 @@ def test_both_placements_give_the_same_windows(tmp_path, monkeypatch):
     shards = m.splits["train"].shards
 
     def windows():
-        r = blocks.BlockReader(m, shards, ("x", "id"), seed=1, shuffle=True, cycle=3,
-                               window=96, batch_size=32, samples=500, on_corrupt="raise")
+        plan = BlockReaderPlan(names=("x", "id"), seed=1, shuffle=True, cycle=3, window=96,
+                               batch_size=32, samples=500)
+        r = blocks.BlockReader(m, shards, plan, on_corrupt="raise")
         return r.direct, [r.window(1, w) for w in range(r.windows)]
 
     direct, got = windows()

@@ -60,7 +60,7 @@ from memfit.data.format.manifest import Manifest, Shard, Split
 from memfit.data.read import arrays_reader, tf_reader
 from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.blocks.block_layout import why_not
-from memfit.data.read.blocks.block_plan import outputs_alive, plan_blocks
+from memfit.data.read.blocks.block_plan import plan_blocks, reader_plan
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.plan import DatasetPlan, settle_plan
 from memfit.errors import CorruptShardError
@@ -170,12 +170,9 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
                    drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs)
     plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
     if plan.reader == "blocks":
-        block_reader = BlockReader(
-            manifest, shards, names, seed=seed, shuffle=shuffle, cycle=plan.cycle_length,
-            window=plan.window_samples, batch_size=batch_size,
-            samples=plan.steps_per_epoch * batch_size if drop_remainder else samples,
-            on_corrupt=on_corrupt, builders=plan.parallel_windows, outputs_alive=outputs_alive(
-                plan.parallel_windows, plan.prefetch_batches, batch_size, plan.window_samples))
+        block_reader = BlockReader(manifest, shards,
+                                   reader_plan(plan, names, drop_remainder=drop_remainder),
+                                   on_corrupt)
         return build(block_reader, plan, features, drop_remainder=drop_remainder,
                      sharded=shard is not None)
     return tf_reader.build(manifest, shards, plan, features, on_corrupt=on_corrupt,

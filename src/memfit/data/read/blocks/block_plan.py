@@ -10,6 +10,10 @@ it (without memfit's C extension: every feature read into scratch buffers, then 
 into batches); ``parallel_windows`` windows are built at once, and the batches handed
 on keep their window's output alive until consumed.
 
+:func:`plan_blocks` makes the reader's part of ``ds.memfit_plan`` from the budget;
+:func:`reader_plan` turns that plan, once settled, into the :class:`BlockReaderPlan` the
+reader is built from, and the reader decides nothing again.
+
 Example:
     >>> outputs_alive(parallel=4, prefetch=4, batch_size=256, window=2048)
     7
@@ -28,7 +32,7 @@ from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_pe
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
-__all__ = ["BlockMemory", "outputs_alive", "plan_blocks"]
+__all__ = ["BlockMemory", "BlockReaderPlan", "outputs_alive", "plan_blocks", "reader_plan"]
 
 # Bytes of bookkeeping per record read besides its tags: frame header and CRC (16), the
 # I/O vectors of its header, tags and CRC (16 a piece) and the epoch's record sequence;
@@ -38,7 +42,7 @@ SAMPLE_OVERHEAD = 16
 _MAX_BUILDERS = 4               # windows the block reader builds at once
 _WINDOW_CAP = 16 * 2**20        # bytes read for one window (measured: 16 MiB ran 1.2x
 #                                 faster than 8 MiB, 32 MiB 1.1x faster again)
-_EPOCHS_KEPT = 2                # record sequences the reader keeps (16 bytes a record)
+EPOCHS_KEPT = 2                 # record sequences the reader keeps (16 bytes a record)
 
 
 def outputs_alive(parallel: int, prefetch: int, batch_size: int, window: int) -> int:
@@ -47,6 +51,56 @@ def outputs_alive(parallel: int, prefetch: int, batch_size: int, window: int) ->
     hold (two windows when the prefetched batches fit in one window; one more for every
     window's worth of prefetched batches)."""
     return parallel + 3 + (prefetch * batch_size) // window
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockReaderPlan:
+    """Everything the block reader does, decided before it is built (by
+    :func:`reader_plan` from the settled ``ds.memfit_plan``, or by hand in a test).
+
+    Args:
+        names: the features returned, in order.
+        seed: the order's seed; shuffle: ``False`` reads in stored order.
+        cycle: shards read at once, round-robin (1 without shuffling; at most the shards).
+        window: samples per window, a whole number of batches.
+        batch_size: samples per batch.
+        samples: samples read an epoch (a whole number of batches with
+            ``drop_remainder``).
+        builders: windows built at once (the scratch buffer sets kept).
+        outputs_alive: windows whose output the pipeline holds at once (built, being
+            rebatched, prefetched): the output buffers kept for reuse.
+        epochs_kept: epochs whose record sequence is kept (the one read and the next,
+            which the feeder builds into ahead).
+    """
+
+    names: tuple[str, ...]
+    seed: int
+    shuffle: bool
+    cycle: int
+    window: int
+    batch_size: int
+    samples: int
+    builders: int = 1
+    outputs_alive: int = 4
+    epochs_kept: int = EPOCHS_KEPT
+
+
+def reader_plan(plan: DatasetPlan, names: Sequence[str], *,
+                drop_remainder: bool) -> BlockReaderPlan:
+    """The block reader's plan from the settled plan of :func:`plan_blocks`.
+
+    Args:
+        plan: the dataset's plan, as ``ds.memfit_plan`` will show it.
+        names: the features returned.
+        drop_remainder: whether a last, smaller batch is dropped.
+    """
+    return BlockReaderPlan(
+        names=tuple(names), seed=plan.seed, shuffle=plan.shuffle, cycle=plan.cycle_length,
+        window=plan.window_samples, batch_size=plan.batch_size,
+        samples=plan.steps_per_epoch * plan.batch_size if drop_remainder else plan.samples,
+        builders=max(1, plan.parallel_windows),
+        outputs_alive=outputs_alive(plan.parallel_windows, plan.prefetch_batches,
+                                    plan.batch_size, plan.window_samples))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +138,7 @@ class BlockMemory:
                    out_bytes=max(1, sum(int(manifest.features[n].sample_bytes or 0)
                                         for n in names)),
                    direct=reads_into_batches([manifest.features[n].dtype for n in names]),
-                   index=_EPOCHS_KEPT * 16 * (sum(s.records for s in shards) + 1),
+                   index=EPOCHS_KEPT * 16 * (sum(s.records for s in shards) + 1),
                    record_bytes=RECORD_OVERHEAD + len(full.skeleton),
                    frame_bytes=full.frame_bytes)
 

@@ -42,9 +42,9 @@ Example:
     >>> _ = pack({"x": np.zeros((100, 3), "float32"), "y": np.arange(100)}, out, shards=2,
     ...          samples_per_record=8, progress=False)
     >>> m = Manifest.load(out)
-    >>> reader = BlockReader(m, m.split("train").shards, ("x", "y"), seed=0, shuffle=True,
-    ...                      cycle=2, window=64, batch_size=32, samples=100,
-    ...                      on_corrupt="raise")
+    >>> plan = BlockReaderPlan(names=("x", "y"), seed=0, shuffle=True, cycle=2, window=64,
+    ...                        batch_size=32, samples=100)
+    >>> reader = BlockReader(m, m.split("train").shards, plan, on_corrupt="raise")
     >>> x, y = reader.window(0, 0)                  # epoch 0, window 0: two batches
     >>> x.shape, reader.windows
     ((64, 3), 2)
@@ -68,6 +68,7 @@ import numpy as np
 from memfit.data.format.manifest import Manifest, Shard
 from memfit.data.read.blocks.block_io import GONE, Buffers, RecordReads
 from memfit.data.read.blocks.block_layout import reads_into_batches
+from memfit.data.read.blocks.block_plan import BlockReaderPlan
 from memfit.data.read.buffers import BufferPool, RecyclingBuffers, touch
 from memfit.data.read.feeder import WindowFeeder, fed_dataset, order_rng
 from memfit.data.read.pipeline_tail import finish, warn_skipped
@@ -112,33 +113,28 @@ class BlockReader:
         manifest: the dataset's manifest
             (:func:`~memfit.data.read.blocks.block_layout.why_not` must have said yes).
         shards: the shards to read (a worker's share of a split).
-        names: the features to return, in order.
-        seed: the order's seed.
-        shuffle: ``False`` reads in stored order: shard by shard, record by record.
-        cycle: shards read at once (round-robin) when shuffling.
-        window: samples per window, a whole number of batches.
-        batch_size: samples per batch.
-        samples: samples per epoch (fewer than the shards hold with ``drop_remainder``).
+        plan: what to read and how
+            (:class:`~memfit.data.read.blocks.block_plan.BlockReaderPlan`).
         on_corrupt: ``"raise"`` or ``"skip"``.
-        outputs_alive: windows whose output the pipeline holds at once (built, being
-            rebatched, prefetched): the output buffers kept for reuse.
-        builders: windows built at once (the scratch buffer sets kept).
 
     The first window asked for takes every buffer the plan counts (``builders`` scratch
     sets, ``outputs_alive`` outputs per feature) and touches their pages: the reader's
     memory is then flat from the first batch on, whatever the length of the run.
     """
 
-    def __init__(self, manifest: Manifest, shards: Sequence[Shard], names: Sequence[str], *,
-                 seed: int, shuffle: bool, cycle: int, window: int, batch_size: int,
-                 samples: int, on_corrupt: str, outputs_alive: int = 4, builders: int = 1):
+    def __init__(self, manifest: Manifest, shards: Sequence[Shard], plan: BlockReaderPlan,
+                 on_corrupt: str):
+        if not 1 <= plan.cycle <= max(1, len(shards)) or (plan.cycle > 1 and not plan.shuffle):
+            raise ValueError(f"cycle={plan.cycle} for {len(shards)} shards "
+                             f"(shuffle={plan.shuffle}): the plan must clamp it")
+        self.plan = plan
         base = manifest.path
         self.where = str(base) if base is not None else "the dataset directory"
         self.files = [str(base / s.file) if base is not None else s.file for s in shards]
         self.records = np.array([s.records for s in shards], np.int64)
         self.k = manifest.samples_per_record
         self.features = list(manifest.features.values())
-        self.names = list(names)
+        self.names = list(plan.names)
         self.requested = [next(i for i, f in enumerate(self.features) if f.name == n)
                           for n in self.names]
         self.sample_bytes = [int(f.sample_bytes or 0) for f in self.features]
@@ -146,13 +142,13 @@ class BlockReader:
         self.last_samples = np.array([s.samples - (s.records - 1) * self.k for s in shards],
                                      np.int64)
         self.file_bytes = np.array([s.bytes for s in shards], np.int64)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.cycle = max(1, min(cycle, len(shards))) if shuffle else 1
-        self.window_samples = window
-        self.batch_size = batch_size
-        self.samples = samples
-        self.windows = max(1, math.ceil(samples / window))
+        self.seed = plan.seed
+        self.shuffle = plan.shuffle
+        self.cycle = plan.cycle
+        self.window_samples = plan.window
+        self.batch_size = plan.batch_size
+        self.samples = plan.samples
+        self.windows = max(1, math.ceil(plan.samples / plan.window))
         self.on_corrupt = on_corrupt
         self._epochs: dict[int, _Epoch] = {}
         self._lock = threading.Lock()
@@ -160,12 +156,12 @@ class BlockReader:
         self._warn_lock = threading.Lock()          # _warn runs under _lock, too
         self.direct = reads_into_batches([self.dtypes[f] for f in self.requested])
         self._io = RecordReads(self.features, self.k, self.files, self.records,
-                               self.last_samples, self.requested, self.direct, window)
+                               self.last_samples, self.requested, self.direct, plan.window)
         self.full = self._io.full
         self._pool: BufferPool[Buffers] = BufferPool(
             self._io.make_buffers, lambda b, need: b.rows >= need[0] and b.records >= need[1])
-        self._outputs = {f: RecyclingBuffers(outputs_alive) for f in self.requested}
-        self._builders = max(1, builders)
+        self._outputs = {f: RecyclingBuffers(plan.outputs_alive) for f in self.requested}
+        self._builders = plan.builders
         self._reserved = False
         self._reserve_lock = threading.Lock()
 
@@ -196,7 +192,7 @@ class BlockReader:
             if ep is None:
                 ep = self._sequence(e)
                 self._epochs[e] = ep
-                for old in sorted(self._epochs)[:-2]:          # keep two epochs
+                for old in sorted(self._epochs)[:-self.plan.epochs_kept]:
                     del self._epochs[old]
             return ep
 
