@@ -13,10 +13,34 @@ stops, since a restart would fail the same way.
 missing shard (memfit's ``CorruptShardError``); a supervisor stops, since a restart would
 read the same bytes.
 ``NOT_FOUND`` (127): the command to run does not exist, as in a shell.
+
+A process killed by signal N exits, as a shell reports it, with ``128 + N``;
+:func:`signal_name` names N.
+
+Example:
+    >>> signal_name(15), signal_name(137 - 128), signal_name(99)
+    ('SIGTERM', 'SIGKILL', 'signal 99')
 """
+
+import signal
+
+__all__ = ["DATA_ERROR", "CHECKPOINT_FAILED", "RESTART", "CONFIG", "NOT_FOUND",
+           "signal_name"]
 
 DATA_ERROR = 65
 CHECKPOINT_FAILED = 74
 RESTART = 75
 CONFIG = 78
 NOT_FOUND = 127
+
+
+def signal_name(number: int) -> str:
+    """A signal's name (``"SIGTERM"``), or ``"signal N"`` for a number without one.
+
+    Args:
+        number: the signal's number (an exit code ``128 + N``: give ``N``).
+    """
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -60,6 +60,7 @@ from memfit.env import (
     DOCTOR_SECONDS_ENV,
     DOCTOR_STEPS_ENV,
     WORKDIR_ENV,
+    env_int,
 )
 from memfit.memory.allocator import ReleaseProbe
 from memfit.memory.log import Event, MemoryLog
@@ -116,23 +117,15 @@ class _State:
 _STATE: _State | None = None
 
 
-def _int_env(name: str) -> int | None:
-    value = os.environ.get(name)
-    try:
-        return int(value) if value else None
-    except ValueError:
-        return None
-
-
 def _state(started: float | None = None) -> _State:
     global _STATE
     if _STATE is None or _STATE.pid != os.getpid():     # a forked child starts afresh
         seconds = os.environ.get(DOCTOR_SECONDS_ENV)
         results = os.environ.get(DOCTOR_DIR_ENV)
         _STATE = _State(pid=os.getpid(), started=started or time.time(),
-                        steps_limit=_int_env(DOCTOR_STEPS_ENV),
+                        steps_limit=env_int(DOCTOR_STEPS_ENV),
                         seconds_limit=float(seconds) if seconds else None,
-                        epochs_limit=_int_env(DOCTOR_EPOCHS_ENV),
+                        epochs_limit=env_int(DOCTOR_EPOCHS_ENV),
                         results_dir=Path(results) if results else None,
                         run_id=os.environ.get(DOCTOR_RUN_ENV, "run"))
     return _STATE

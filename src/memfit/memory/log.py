@@ -42,7 +42,7 @@ from typing import Any
 from memfit._version import __version__
 from memfit.errors import MemfitError
 
-__all__ = ["MemoryLog", "read_log", "LogError", "FORMAT", "Event"]
+__all__ = ["MemoryLog", "read_log", "check_log", "LogError", "FORMAT", "Event"]
 
 FORMAT = "memfit-log"
 FORMAT_VERSION = 1
@@ -123,6 +123,34 @@ class MemoryLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_log(path: str | os.PathLike) -> None:
+    """Checks that a log a run would append to is memfit's: missing or empty is fine
+    (the run starts it), anything else must read as a memfit log, so that nothing is
+    appended to someone else's file.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "memory.jsonl"
+        >>> check_log(path)                         # nothing there yet: fine
+        >>> _ = path.write_text("a,b\\n1,2\\n")
+        >>> try:
+        ...     check_log(path)
+        ... except LogError as e:
+        ...     print(str(e)[-50:])
+        s first line is not a memfit 'start' event): 'a,b'
+
+    Args:
+        path: the log.
+
+    Raises:
+        LogError: it holds something that is not a memfit log.
+    """
+    path = Path(path)
+    if path.exists() and path.stat().st_size > 0:
+        for _ in read_log(path):
+            pass
 
 
 def read_log(path: str | os.PathLike) -> Iterator[dict]:

@@ -57,7 +57,7 @@ from memfit.memory.classify import (
     theil_sen,
     too_short,
 )
-from memfit.memory.log import Event, MemoryLog, read_log
+from memfit.memory.log import Event, MemoryLog, check_log, read_log
 from memfit.memory.probe import Sample
 from memfit.memory.process import (
     check_command,
@@ -370,9 +370,7 @@ def _workdir(workdir: str | os.PathLike) -> Workdir:
     """The workdir, created; a log already there must be a memfit log (checked before the
     command starts, so that nothing is appended to someone else's file)."""
     wd = Workdir(workdir).create()
-    if wd.log.exists() and wd.log.stat().st_size > 0:
-        for _ in read_log(wd.log):      # LogError (a MemfitError) if it is not a memfit log
-            pass
+    check_log(wd.log)                   # LogError (a MemfitError) if it is not a memfit log
     return wd
 
 

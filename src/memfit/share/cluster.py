@@ -52,9 +52,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from memfit import checks
+from memfit.exitcodes import signal_name
 from memfit.memory.process import forward_signals, kill_tree, start
 from memfit.quiet import filters_children
 from memfit.share.cluster_driver import (
@@ -62,6 +63,9 @@ from memfit.share.cluster_driver import (
     RAY_DIR,
     REQUEST_NAME,
     RESULT_NAME,
+    DriverRequest,
+    DriverResult,
+    Failure,
     read_pickle,
     write_pickle,
 )
@@ -77,7 +81,8 @@ from memfit.share.cluster_view import ClusterView, LogFollower
 from memfit.share.jobs import JobsSpec, load_jobs, parse_jobs
 from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
 from memfit.share.planner import Plan, plan
-from memfit.share.results import JobResult, ShareResult
+from memfit.share.results import JobResult, RayJobResult, ShareResult
+from memfit.share.states import JobState
 from memfit.share.status import Status
 from memfit.sizes import format_size, parse_size
 from memfit.workdir import Workdir
@@ -187,14 +192,14 @@ def _plan(jobs: Any, device: str | None, overhead: Any, workdir: Any,
                 restart=restart), spec.budget
 
 
-def _raise(error: tuple[str, str], driver_log: Path) -> None:
+def _raise(error: tuple[Failure, str], driver_log: Path) -> NoReturn:
     kind, message = error
-    if kind == "missing":
+    if kind == Failure.MISSING:
         raise RayMissingError(f"memfit share --ray needs Ray, which the driver could not "
                               f"import ({message}): {RAY_EXTRA}")
-    if kind == "fit":
+    if kind == Failure.FIT:
         raise ClusterFitError(message)
-    if kind == "connect":
+    if kind == Failure.CONNECT:
         raise ClusterError(f"Could not join or start Ray: {message} (Ray's own output: "
                            f"{driver_log})")
     raise ClusterError(f"{message} (Ray's own output: {driver_log})")
@@ -214,7 +219,7 @@ def _follow(proc: subprocess.Popen, follower: LogFollower, view: ClusterView,
                 break
             if received and deadline is None:
                 deadline = time.monotonic() + _DRIVER_GRACE
-                status.event(f"{signal.Signals(received[0]).name}: stopping the running "
+                status.event(f"{signal_name(received[0])}: stopping the running "
                              f"jobs (SIGTERM: a memfit.session checkpoints); the rest are "
                              f"not started")
             if deadline is not None and time.monotonic() > deadline:
@@ -228,22 +233,18 @@ def _follow(proc: subprocess.Popen, follower: LogFollower, view: ClusterView,
     return bool(received)
 
 
-def _results(p: Plan, records: Mapping[str, dict],
+def _results(p: Plan, records: Mapping[str, RayJobResult],
              view: ClusterView) -> tuple[JobResult, ...]:
     results = []
     for job in sorted(p.jobs, key=lambda j: j.index):
         r = records.get(job.name)
         files = JobFiles.of(p.workdir, job.name)
         never = job.name not in view.jobs or view.jobs[job.name].attempt == 0
-        if r is None or (r["state"] == "interrupted" and never):
-            results.append(JobResult.of(job, files, state="not started",
+        if r is None or (r.state == JobState.INTERRUPTED and never):
+            results.append(JobResult.of(job, files, state=JobState.NOT_STARTED,
                                         reason="interrupted"))
             continue
-        results.append(JobResult.of(
-            job, files, state=r["state"], exit_code=r.get("exit_code"),
-            reason=r.get("reason", ""), peak=r.get("peak"), host_peak=r.get("host_peak"),
-            pid=r.get("pid"), started=r.get("started"), ended=r.get("ended"),
-            restarts=r.get("restarts", 0)))
+        results.append(dataclasses.replace(r.plain(), directory=files.directory))
     return tuple(results)
 
 
@@ -310,10 +311,9 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     for name in (RESULT_NAME, REQUEST_NAME):
         (ray_dir / name).unlink(missing_ok=True)
     since = time.time()
-    write_pickle(ray_dir / REQUEST_NAME, {
-        "plan": p, "address": address, "memory": memory, "interval": interval,
-        "num_cpus": num_cpus, "max_retries": max_retries, "card": None, "since": since,
-        "quiet": filters_children()})
+    write_pickle(ray_dir / REQUEST_NAME, DriverRequest(
+        plan=p, address=address, memory=memory, interval=interval, num_cpus=num_cpus,
+        max_retries=max_retries, since=since, quiet=filters_children()))
     stream = sys.stderr if out is None else None if out is False else out
     status = Status(stream)  # type: ignore[arg-type]
     follower = LogFollower(wd.log, wd.log.stat().st_size if wd.log.exists() else 0)
@@ -334,18 +334,19 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     finally:
         status.close()
     try:
-        result = read_pickle(ray_dir / RESULT_NAME)
+        result: DriverResult = read_pickle(ray_dir / RESULT_NAME)
     except OSError:
         raise ClusterError(f"The Ray driver ended (exit {proc.returncode}) without a "
                            f"result; Ray's own output: {ray_dir / DRIVER_LOG_NAME}") from None
-    if result.get("error"):
-        _raise(result["error"], ray_dir / DRIVER_LOG_NAME)
-    placed: Plan = result["plan"]
+    if result.error is not None or result.plan is None:
+        _raise(result.error or (Failure.CLUSTER, "The Ray driver returned no plan"),
+               ray_dir / DRIVER_LOG_NAME)
+    placed: Plan = result.plan
     share = ClusterResult(
-        jobs=_results(placed, result["records"], view), plan=placed, started=since,
-        ended=time.time(), interrupted=interrupted or result["interrupted"],
+        jobs=_results(placed, result.records, view), plan=placed, started=since,
+        ended=time.time(), interrupted=interrupted or result.interrupted,
         max_in_use=view.max_in_use, max_charged=view.max_charged, log_path=wd.log,
-        address=address or "local", nodes=tuple(result["nodes"]),
+        address=address or "local", nodes=result.nodes,
         nodes_of={name: tuple(v.nodes) for name, v in view.jobs.items()},
         node_peak=dict(view.node_peak))
     if stream is not None:

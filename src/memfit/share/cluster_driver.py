@@ -21,12 +21,13 @@ task-retry notices, its C++ warnings) lands there, never on the user's terminal.
 5. writes the result (``WORKDIR/ray/result.pkl``: every job's record, the placed plan,
    the nodes, or the error that stopped it) and shuts Ray down.
 
-The request and the result are pickles written by memfit for memfit, next to each other.
+The request (:class:`DriverRequest`) and the result (:class:`DriverResult`) are frozen
+dataclasses, pickled by memfit for memfit next to each other.
 
 Example:
-    >>> request = {"plan": plan, "address": None, "memory": None, "interval": 0.5,
-    ...            "num_cpus": 1, "max_retries": 3, "card": None,
-    ...            "since": time.time()}                         # doctest: +SKIP
+    >>> request = DriverRequest(plan=plan, address=None, memory=None, interval=0.5,
+    ...                         num_cpus=1, max_retries=3,
+    ...                         since=time.time())               # doctest: +SKIP
     >>> write_pickle(path, request)                             # doctest: +SKIP
     >>> subprocess.run([sys.executable, "-m", "memfit.share.cluster_driver", path])
     ... # doctest: +SKIP
@@ -34,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -41,18 +43,30 @@ import pickle
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from memfit.atomic import temporary_name
 from memfit.memory.log import MemoryLog
 from memfit.share.cluster_job import STOP_GRACE, run_job
-from memfit.share.cluster_nodes import ClusterError, ClusterFitError, parse_nodes, place
+from memfit.share.cluster_nodes import (
+    ClusterError,
+    ClusterFitError,
+    Node,
+    parse_nodes,
+    place,
+)
+from memfit.share.layout import JobFiles
 from memfit.share.planner import Plan
+from memfit.share.results import JobResult, RayJobResult
+from memfit.share.states import JobState
 from memfit.workdir import Workdir
 
-__all__ = ["main", "is_loopback", "write_pickle", "read_pickle", "OBJECT_STORE",
-           "RESULT_NAME", "REQUEST_NAME", "DRIVER_LOG_NAME", "RAY_DIR"]
+__all__ = ["main", "is_loopback", "write_pickle", "read_pickle", "DriverRequest",
+           "DriverResult", "Failure", "OBJECT_STORE", "RESULT_NAME", "REQUEST_NAME",
+           "DRIVER_LOG_NAME", "RAY_DIR"]
 
 OBJECT_STORE = 128 * 2**20          # the local instance's object store: jobs pass no data
 RAY_DIR = "ray"                     # WORKDIR/ray/: the driver's request, result and log
@@ -62,6 +76,68 @@ DRIVER_LOG_NAME = "driver.log"
 # Ray resolves a loopback address to the machine's outward IP unless told it is one
 # machine (its own switch, read when Ray is imported).
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverRequest:
+    """What :func:`memfit.share.cluster.run_on_ray` asks of the driver
+    (``WORKDIR/ray/request.pkl``).
+
+    Attributes:
+        plan: the plan (charges; the nodes are its budget).
+        address: the cluster to join (``host:port``, ``"auto"``), or ``None``: start a
+            local Ray instance.
+        memory: the local instance's memory (bytes), or ``None``: what Ray finds free.
+        interval: seconds between two samples of a job.
+        num_cpus: CPUs each job asks Ray for.
+        max_retries: how many times Ray retries a job whose node died.
+        since: when the share started (Unix time; attempts are counted from then).
+        card: the GPU index the plan places on (``None``: Ray's choice).
+        quiet: keep TensorFlow's start-up lines out of the jobs' ``stderr.log``.
+        joined: the address joined (``"local"`` for a local instance), once the driver
+            has joined: the driver replaces the request with one that says it.
+    """
+
+    plan: Plan
+    address: str | None
+    memory: int | None
+    interval: float
+    num_cpus: float
+    max_retries: int
+    since: float
+    card: int | None = None
+    quiet: bool = False
+    joined: str | None = None
+
+
+class Failure(StrEnum):
+    """What stopped the driver before or while it ran the jobs."""
+
+    MISSING = "missing"         # Ray cannot be imported in the driver
+    CONNECT = "connect"         # Ray could not be joined or started
+    FIT = "fit"                 # a job fits no node (nothing started)
+    CLUSTER = "cluster"         # anything else Ray said
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverResult:
+    """What the driver did (``WORKDIR/ray/result.pkl``): the jobs' results, or what
+    stopped it.
+
+    Attributes:
+        plan: the plan as placed on the nodes (``None`` when it stopped first).
+        nodes: the live nodes that run jobs.
+        records: per job name, what its task returned (or, for a task that failed or
+            was cancelled, what the driver made of it).
+        interrupted: a signal stopped the share.
+        error: ``(what, message)`` when the driver stopped without running the jobs.
+    """
+
+    plan: Plan | None = None
+    nodes: tuple[Node, ...] = ()
+    records: Mapping[str, RayJobResult] = dataclasses.field(default_factory=dict)
+    interrupted: bool = False
+    error: tuple[Failure, str] | None = None
 
 
 def is_loopback(address: str | None) -> bool:
@@ -127,16 +203,23 @@ def _failure(error: BaseException) -> str:
     return lines[0][:300] if lines else type(error).__name__
 
 
-def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
-    plan: Plan = request["plan"]
+def _ended_in_driver(plan: Plan, workdir: str, name: str, state: JobState,
+                     reason: str) -> RayJobResult:
+    """The result of a job whose task did not answer: it failed, or was cancelled."""
+    job = next(j for j in plan.jobs if j.name == name)
+    return RayJobResult.on_node(JobResult.of(job, JobFiles.of(workdir, name), state=state,
+                                             reason=reason))
+
+
+def _run(request: DriverRequest, ray: Any, received: list[int]) -> DriverResult:
     nodes = parse_nodes(ray.nodes())
-    plan, options = place(plan, nodes, num_cpus=request["num_cpus"], card=request["card"])
-    nodes = [n for n in nodes if n.cpus >= request["num_cpus"]]     # those that run jobs
+    plan, options = place(request.plan, nodes, num_cpus=request.num_cpus, card=request.card)
+    nodes = [n for n in nodes if n.cpus >= request.num_cpus]     # those that run jobs
     workdir = str(Path(plan.workdir).resolve())
     with MemoryLog(Workdir(workdir).log, source="share", budget=plan.budget,
                    device=plan.device, overhead=plan.overhead,
                    overhead_source=plan.overhead_source, jobs_file=plan.source,
-                   interval=request["interval"], ray=request["joined"],
+                   interval=request.interval, ray=request.joined,
                    nodes=[n.to_json() for n in nodes],
                    jobs=[{"name": j.name, "command": list(j.command), "need": j.need,
                           "need_source": j.need_source, "share": j.charge,
@@ -144,16 +227,15 @@ def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
                          for j in plan.jobs]):
         pass
     if received:                     # Ctrl-C while Ray was starting: start nothing
-        return {"plan": plan, "nodes": nodes, "records": {}, "interrupted": True}
+        return DriverResult(plan=plan, nodes=tuple(nodes), interrupted=True)
     task = ray.remote(run_job)
     pending = {}
     for job in plan.jobs:            # largest charge first: Ray places them in this order
-        ref = task.options(**options[job.name], max_retries=request["max_retries"],
+        ref = task.options(**options[job.name], max_retries=request.max_retries,
                            retry_exceptions=False, name=f"memfit-share:{job.name}").remote(
-            job, plan.device, workdir, request["interval"], request["since"],
-            request.get("quiet", False))
+            job, plan.device, workdir, request.interval, request.since, request.quiet)
         pending[ref] = job.name
-    records: dict[str, dict] = {}
+    records: dict[str, RayJobResult] = {}
     cancelled_at: float | None = None
     forced = False
     while pending:
@@ -164,10 +246,11 @@ def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
                 records[name] = ray.get(ref)
             except Exception as e:          # noqa: BLE001 - Ray's errors: the job failed
                 if cancelled_at is not None:
-                    records[name] = {"name": name, "state": "interrupted",
-                                     "reason": "cancelled"}
+                    records[name] = _ended_in_driver(plan, workdir, name,
+                                                     JobState.INTERRUPTED, "cancelled")
                 else:
-                    records[name] = {"name": name, "state": "failed", "reason": _failure(e)}
+                    records[name] = _ended_in_driver(plan, workdir, name, JobState.FAILED,
+                                                     _failure(e))
         if received and cancelled_at is None:
             cancelled_at = time.monotonic()
             for ref in pending:
@@ -179,11 +262,11 @@ def _run(request: dict, ray: Any, received: list[int]) -> dict[str, Any]:
                 ray.cancel(ref, force=True)
         if forced and time.monotonic() - cancelled_at > STOP_GRACE + 15:
             for name in pending.values():
-                records[name] = {"name": name, "state": "interrupted",
-                                 "reason": "cancelled; its task did not answer"}
+                records[name] = _ended_in_driver(plan, workdir, name, JobState.INTERRUPTED,
+                                                 "cancelled; its task did not answer")
             break
-    return {"plan": plan, "nodes": nodes, "records": records,
-            "interrupted": bool(received)}
+    return DriverResult(plan=plan, nodes=tuple(nodes), records=records,
+                        interrupted=bool(received))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     request_path = Path(args[0])
-    request = read_pickle(request_path)
+    request: DriverRequest = read_pickle(request_path)
     result_path = request_path.with_name(RESULT_NAME)
     received: list[int] = []
 
@@ -204,35 +287,40 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, note)
     signal.signal(signal.SIGTERM, note)
-    address = request["address"]
+    address = request.address
     if is_loopback(address):
         os.environ.setdefault(_LOOPBACK_ENV, "0")
     if address is None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    result: dict[str, Any]
+    result: DriverResult
     try:
         import ray
     except ImportError as e:
-        write_pickle(result_path, {"error": ("missing", str(e))})
+        write_pickle(result_path, DriverResult(error=(Failure.MISSING, str(e))))
         return 0
     try:
-        request["joined"] = _connect(ray, address, request["memory"])
+        request = dataclasses.replace(request,
+                                      joined=_connect(ray, address, request.memory))
     except Exception as e:      # noqa: BLE001 - any failure to connect is told in one line
-        write_pickle(result_path, {"error": ("connect", _failure(e))})
+        write_pickle(result_path, DriverResult(error=(Failure.CONNECT, _failure(e))))
         return 0
     try:
         result = _run(request, ray, received)
     except ClusterFitError as e:
-        result = {"error": ("fit", str(e))}
+        result = DriverResult(error=(Failure.FIT, str(e)))
     except ClusterError as e:
-        result = {"error": ("cluster", str(e))}
+        result = DriverResult(error=(Failure.CLUSTER, str(e)))
     except Exception as e:      # noqa: BLE001 - told to the parent, with the driver log
         logging.getLogger(__name__).exception("memfit share --ray failed")
-        result = {"error": ("cluster", f"{type(e).__name__}: {_failure(e)}")}
+        result = DriverResult(error=(Failure.CLUSTER, f"{type(e).__name__}: {_failure(e)}"))
     write_pickle(result_path, result)
     ray.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run as ``python -m``, this file is ``__main__``: the result must be pickled from the
+    # module the parent imports, so that its classes are found there.
+    from memfit.share import cluster_driver
+
+    raise SystemExit(cluster_driver.main())

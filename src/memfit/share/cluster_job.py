@@ -37,7 +37,7 @@ Example:
     >>> import ray                                              # doctest: +SKIP
     >>> task = ray.remote(run_job).options(memory=job.charge)   # doctest: +SKIP
     >>> ray.get(task.remote(job, "cpu", "runs/share", 0.5, time.time()))  # doctest: +SKIP
-    {'name': 'a', 'state': 'finished', 'exit_code': 0, 'node': '1a2b3c4d', ...}
+    RayJobResult(name='a', state=<JobState.FINISHED: 'finished'>, exit_code=0, ...)
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ from memfit.memory.sampler import TreeSampler
 from memfit.quiet import quieted
 from memfit.share.cluster_tether import tethered
 from memfit.share.launch import CUDA_DEVICES_ENV, job_command, job_environment
-from memfit.share.layout import JobFiles, JobRecord
+from memfit.share.layout import JobFiles
+from memfit.share.outcome import finish, over_share_reason, stop_over_share
 from memfit.share.planner import PlannedJob
-from memfit.sizes import format_size
+from memfit.share.results import JobResult, RayJobResult
+from memfit.share.states import JobState, Stop
 from memfit.workdir import Workdir
 
 __all__ = ["run_job", "attempts", "STOP_GRACE", "CONFIRM"]
@@ -90,13 +92,6 @@ def _where() -> tuple[str, str]:
     return node_id, ray.util.get_node_ip_address()
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(code - 128).name
-    except ValueError:
-        return f"signal {code - 128}"
-
-
 def _peaks(records: list[dict], on_gpu: bool) -> tuple[int | None, int | None]:
     """``(peak, host peak)`` of an attempt's logged samples."""
     host = [r.get("rss_anon", r.get("rss")) for r in records]
@@ -107,7 +102,7 @@ def _peaks(records: list[dict], on_gpu: bool) -> tuple[int | None, int | None]:
 
 
 def _ended_earlier(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog,
-                   since: float) -> dict[str, Any] | None:
+                   since: float) -> RayJobResult | None:
     """What happened to a job an earlier attempt of this share ran to its end (its
     tether wrote ``exit.json``) on a node that died before Ray heard; ``None`` when no
     attempt of this share did."""
@@ -127,15 +122,16 @@ def _ended_earlier(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog
     attempt = start.get("attempt", 1)
     of_it = [r for r in mine if r.get("attempt") == attempt]
     exits = [r for r in of_it if r["event"] == Event.EXIT]
-    over = [r for r in of_it if r["event"] == Event.KILL and r.get("reason") == "over-share"]
+    over = [r for r in of_it if r["event"] == Event.KILL and r.get("reason") == Stop.OVER_SHARE]
     peak, host_peak = _peaks([r for r in of_it if r["event"] == Event.SAMPLE],
                              device.startswith("gpu"))
-    stopped, reason = None, ""
+    stopped: Stop | None = None
+    reason = ""
     if over and not job.restart:
-        stopped = "over-share"
-        what = "NVML" if device.startswith("gpu") else "anonymous RSS"
-        reason = (f"{what} {format_size(int(over[-1].get('value', 0)))} went above its "
-                  f"share {format_size(job.charge)} on node {start.get('node')}")
+        stopped = Stop.OVER_SHARE
+        reason = (over_share_reason(int(over[-1].get("value", 0)), job.charge,
+                                    on_gpu=device.startswith("gpu"))
+                  + f" on node {start.get('node')}")
     where = {"job": job.name, "node": start.get("node"), "attempt": attempt}
     return _finish(job, device, files, log, where, start.get("pid"), code,
                    float(start.get("t", ended)), ended, stopped, reason, peak, host_peak,
@@ -145,44 +141,21 @@ def _ended_earlier(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog
 
 def _finish(job: PlannedJob, device: str, files: JobFiles, log: MemoryLog,
             where: dict[str, Any], pid: int | None, code: int, started: float,
-            ended: float, stopped: str | None, reason: str, peak: int | None,
+            ended: float, stopped: Stop | None, reason: str, peak: int | None,
             host_peak: int | None, node_id: str | None, address: str | None,
-            told: dict | None = None) -> dict[str, Any]:
-    """Logs the job's end (``restart`` and ``exit`` events, unless ``told``: the exit
-    event an attempt already wrote), writes its ``job.json`` and returns its record."""
-    restarts, stop = files.supervisor_events(started) if job.restart else ([], "")
-    if stopped == "over-share":
-        state = "stopped"
-    elif stopped == "interrupted":
-        state = "interrupted"
-    elif code == 0:
-        state = "finished"
-    else:
-        state = "failed"
-        reason = stop or (f"killed by {_signal_name(code)}" if code > 128
-                          else f"exit code {code}")
-    if told is not None:
-        state, reason = str(told.get("state", state)), str(told.get("reason", reason))
-        reason = "" if reason == state else reason
-    else:
-        for r in restarts:
-            log.write(Event.RESTART, pid=pid, t=r["t"], reason=r.get("reason"), **where)
-        log.write(Event.EXIT, pid=pid, t=ended, code=code, state=state,
-                  reason=reason or state, peak=peak, duration=ended - started, **where)
+            told: dict | None = None) -> RayJobResult:
+    """Logs the job's end (unless ``told``: the exit event an attempt already wrote),
+    writes its ``job.json`` and returns its result, with where it ran."""
+    result = finish(job, files, log, device=device, where=where, pid=pid, code=code,
+                    started=started, ended=ended, stopped=stopped, reason=reason,
+                    peak=peak, host_peak=host_peak, told=told)
     log.close()
-    files.write_record(JobRecord(
-        name=job.name, command=job.command, device=device, exit_code=code, state=state,
-        peak=peak, host_peak=host_peak, share=job.charge, need=job.need,
-        need_source=job.need_source, duration=ended - started, restarts=len(restarts),
-        t=ended))
-    return {"name": job.name, "state": state, "exit_code": code, "reason": reason,
-            "peak": peak, "host_peak": host_peak, "pid": pid, "started": started,
-            "ended": ended, "restarts": len(restarts), "node": where["node"],
-            "node_id": node_id, "address": address, "attempt": where["attempt"]}
+    return RayJobResult.on_node(result, node=where["node"], node_id=node_id,
+                                address=address, attempt=where["attempt"])
 
 
 def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
-            since: float, quiet: bool = False) -> dict[str, Any]:
+            since: float, quiet: bool = False) -> RayJobResult:
     """Runs one planned job on this node and holds it to its share (a Ray task's body).
 
     Args:
@@ -196,10 +169,9 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             ``--verbose``).
 
     Returns:
-        What happened, as a JSON object: ``name``, ``state`` (``finished``, ``failed``,
-        ``stopped``, ``interrupted``), ``exit_code``, ``reason``, ``peak``, ``host_peak``,
-        ``pid``, ``started``, ``ended``, ``restarts``, ``node``, ``node_id``, ``address``,
-        ``attempt``.
+        What happened: a :class:`~memfit.share.results.RayJobResult` (its ``state`` is
+        ``finished``, ``failed``, ``stopped`` or ``interrupted``), with the node it ran
+        on and the attempt.
     """
     node_id, address = _where()
     node = node_id[:8]
@@ -225,17 +197,18 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             proc = start(command, env, stdout=out, stderr=err)
     except Exception as e:      # noqa: BLE001 - a job that cannot start fails alone
         code = getattr(e, "exit_code", 126)
-        log.write(Event.EXIT, code=code, state="failed", reason=str(e), **where)
+        log.write(Event.EXIT, code=code, state=JobState.FAILED, reason=str(e), **where)
         log.close()
-        return {"name": job.name, "state": "failed", "exit_code": code, "reason": str(e),
-                "peak": None, "host_peak": None, "pid": None, "started": started,
-                "ended": time.time(), "restarts": 0, "node": node, "node_id": node_id,
-                "address": address, "attempt": attempt}
+        return RayJobResult.on_node(
+            JobResult.of(job, files, state=JobState.FAILED, exit_code=code, reason=str(e),
+                         started=started, ended=time.time()),
+            node=node, node_id=node_id, address=address, attempt=attempt)
     log.write(Event.JOB_START, pid=proc.pid, command=list(job.command), share=job.charge,
               need=job.need, need_source=job.need_source, supervised=job.restart,
               node_id=node_id, address=address, **where)
     sampler = TreeSampler(proc.pid, log=log, gpu=on_gpu, share=job.charge, **where)
-    stopped, reason = None, ""
+    stopped: Stop | None = None
+    reason = ""
     over = 0                    # samples in a row above its share
     try:
         for _ in ticks(proc, interval):
@@ -245,20 +218,14 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             if value is None or over < CONFIRM or stopped:
                 continue
             over = 0
-            what = "NVML" if on_gpu else "anonymous RSS"
-            log.write(Event.KILL, pid=proc.pid, reason="over-share", value=value,
-                      share=job.charge, **where)
-            if job.restart:
-                # the training below memfit run (the tether's child) dies; memfit
-                # run lives on and restarts it
-                kill_tree(proc, include_self=False, below=1)
-                continue
-            kill_tree(proc)
-            stopped = "over-share"
-            reason = (f"{what} {format_size(value)} went above its share "
-                      f"{format_size(job.charge)} on node {node}")
+            # supervised: the training below memfit run (the tether's child) dies;
+            # memfit run lives on and restarts it
+            if stop_over_share(proc, job, log, value, where=where, below=1):
+                stopped = Stop.OVER_SHARE
+                reason = over_share_reason(value, job.charge, on_gpu=on_gpu) + \
+                    f" on node {node}"
     except KeyboardInterrupt:   # ray.cancel: SIGTERM (the job checkpoints), then SIGKILL
-        stopped, reason = "interrupted", "cancelled"
+        stopped, reason = Stop.INTERRUPTED, "cancelled"
         kill_tree(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=STOP_GRACE)

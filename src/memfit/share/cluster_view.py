@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from memfit.memory.log import Event
+from memfit.share.states import JobState, Stop
 from memfit.share.status import Row
 from memfit.sizes import format_size
 
@@ -99,7 +100,7 @@ class JobView:
 
     name: str
     share: int = 0
-    state: str = "waiting"
+    state: str = JobState.WAITING
     node: str | None = None
     attempt: int = 0
     nodes: list[str] = dataclasses.field(default_factory=list)
@@ -163,26 +164,28 @@ class ClusterView:
             elif event == Event.JOB_START and name:
                 job = self._job(name)
                 self._leave(job)
-                job.state, job.node, job.attempt = "running", r.get("node"), r.get("attempt", 1)
+                job.state, job.node, job.attempt = JobState.RUNNING, r.get("node"), \
+                    r.get("attempt", 1)
                 job.nodes.append(str(job.node))
                 job.share = int(r.get("share", job.share))
                 job.started, job.ended, job.now = float(r["t"]), None, None
                 self.max_charged = max(self.max_charged, sum(
-                    j.share for j in self.jobs.values() if j.state == "running"))
+                    j.share for j in self.jobs.values() if j.state == JobState.RUNNING))
                 again = f", attempt {job.attempt}: its last node died" \
                     if job.attempt > 1 else ""
                 told.append(f"started {name} on node {job.node} (pid {r['pid']}, share "
                             f"{format_size(job.share)}{again})")
             elif event == Event.SAMPLE and name and r.get("node"):
                 self._sample(self._job(name), str(r["node"]), r)
-            elif event == Event.KILL and name and r.get("reason") == "over-share":
+            elif event == Event.KILL and name and r.get("reason") == Stop.OVER_SHARE:
                 told.append(f"{name}: {format_size(int(r.get('value', 0)))} is above its "
                             f"share {format_size(self._job(name).share)} on node "
                             f"{r.get('node')}: stopped")
             elif event == Event.EXIT and name:
                 job = self._job(name)
                 self._leave(job)
-                job.state, job.ended, job.now = str(r.get("state", "failed")), float(r["t"]), None
+                job.state = str(r.get("state", JobState.FAILED))
+                job.ended, job.now = float(r["t"]), None
                 took = "" if job.started is None else f" after {job.ended - job.started:.1f} s"
                 why = r.get("reason")
                 told.append(f"{name} {job.state} on node {r.get('node')}{took}, peak "
@@ -192,7 +195,7 @@ class ClusterView:
 
     def _sample(self, job: JobView, node: str, record: dict) -> None:
         value = self._value(record)
-        if value is None or job.state != "running" or job.node != node:
+        if value is None or job.state != JobState.RUNNING or job.node != node:
             return
         job.now = value
         job.peak = value if job.peak is None else max(job.peak, value)
@@ -215,7 +218,7 @@ class ClusterView:
         for job in self.jobs.values():
             label = job.name if job.node is None else f"{job.name} @{job.node}"
             end = job.ended if job.ended is not None else now
-            rows.append((label, job.state if job.attempt < 2 or job.state != "running"
+            rows.append((label, job.state if job.attempt < 2 or job.state != JobState.RUNNING
                          else f"retry {job.attempt - 1}", job.now, job.peak, job.share,
                          None if job.started is None else end - job.started))
         return rows
@@ -225,8 +228,8 @@ class ClusterView:
         states = [j.state for j in self.jobs.values()]
         nodes = ", ".join(f"{n} {format_size(self.in_use(n))}/{format_size(m)}"
                           for n, m in self.node_memory.items())
-        return (f"memfit share --ray: {states.count('running')} running, "
-                f"{states.count('waiting')} waiting, "
-                f"{len(states) - states.count('running') - states.count('waiting')} done"
+        running, waiting = states.count(JobState.RUNNING), states.count(JobState.WAITING)
+        return (f"memfit share --ray: {running} running, {waiting} waiting, "
+                f"{len(states) - running - waiting} done"
                 f" · nodes (in use/memory): {nodes or '-'} · "
                 f"{time.time() - self.started:.1f} s  ({source})")

@@ -18,7 +18,7 @@ Example:
     >>> files.stdout.as_posix(), files.record.name
     ('runs/share/jobs/small/stdout.log', 'job.json')
     >>> record = JobRecord(name="small", command=("python", "train.py"), device="cpu",
-    ...                    exit_code=0, state="finished", peak=2**20, host_peak=2**20,
+    ...                    exit_code=0, state=JobState.FINISHED, peak=2**20, host_peak=2**20,
     ...                    share=2**21, need=2**20, need_source="given", duration=1.5,
     ...                    restarts=0, t=1796030000.0)
     >>> JobRecord.from_json(record.to_json()) == record
@@ -36,6 +36,7 @@ from typing import Any
 from memfit import checks
 from memfit.atomic import temporary_name
 from memfit.memory.log import Event, LogError, read_log
+from memfit.share.states import JobState
 from memfit.workdir import Workdir
 
 __all__ = ["DEFAULT_WORKDIR", "RECORD_NAME", "EXIT_STATUS_NAME", "STDOUT_NAME",
@@ -149,7 +150,7 @@ class JobRecord:
     command: tuple[str, ...]
     device: str
     exit_code: int | None
-    state: str
+    state: JobState
     peak: int | None
     host_peak: int | None
     share: int
@@ -183,10 +184,13 @@ class JobRecord:
         for name in ("name", "device", "state", "need_source"):
             if not isinstance(data[name], str):
                 raise ValueError(f"{name} must be a string. Received: {name}={data[name]!r}")
+        if data["state"] not in set(JobState):
+            raise ValueError(f"state must be one of {', '.join(JobState)}. Received: "
+                             f"state={data['state']!r}")
         return cls(name=data["name"], command=tuple(command), device=data["device"],
                    exit_code=checks.count("exit_code", data["exit_code"], minimum=0,
                                           optional=True),
-                   state=data["state"],
+                   state=JobState(data["state"]),
                    peak=checks.count("peak", data["peak"], minimum=0, optional=True),
                    host_peak=checks.count("host_peak", data["host_peak"], minimum=0,
                                           optional=True),

@@ -38,7 +38,7 @@ from typing import Any
 
 from memfit.errors import MemfitError
 from memfit.estimate.baseline import check_device, framework_baseline
-from memfit.memory.log import LogError, read_log
+from memfit.memory.log import LogError, check_log
 from memfit.memory.probe import nvml_devices, system_memory
 from memfit.share.jobs import (
     Job,
@@ -255,13 +255,10 @@ def _check_workdir(workdir: Path) -> None:
     if workdir.exists() and not workdir.is_dir():
         raise MemfitError(f"The workdir {str(workdir)!r} is a file, not a directory. Choose "
                           f"a directory path.")
-    log = Workdir(workdir).log
-    if log.exists() and log.stat().st_size > 0:
-        try:
-            for _ in read_log(log):
-                pass
-        except LogError as e:
-            raise MemfitError(f"{e} Choose another workdir for memfit share.") from None
+    try:
+        check_log(Workdir(workdir).log)
+    except LogError as e:
+        raise MemfitError(f"{e} Choose another workdir for memfit share.") from None
 
 
 def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from memfit.share.layout import JobFiles
 from memfit.share.planner import SUPERVISOR_RSS, Plan, PlannedJob
+from memfit.share.states import JobState
 from memfit.sizes import format_size
 
-__all__ = ["JobResult", "ShareResult"]
+__all__ = ["JobResult", "RayJobResult", "ShareResult"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class JobResult:
     """
 
     name: str
-    state: str
+    state: JobState
     exit_code: int | None
     reason: str
     peak: int | None
@@ -66,7 +67,7 @@ class JobResult:
     directory: Path
 
     @classmethod
-    def of(cls, job: PlannedJob, files: JobFiles, *, state: str,
+    def of(cls, job: PlannedJob, files: JobFiles, *, state: JobState,
            exit_code: int | None = None, reason: str = "", peak: int | None = None,
            host_peak: int | None = None, pid: int | None = None,
            started: float | None = None, ended: float | None = None,
@@ -84,6 +85,50 @@ class JobResult:
         if self.started is None or self.ended is None:
             return None
         return self.ended - self.started
+
+
+@dataclasses.dataclass(frozen=True)
+class RayJobResult(JobResult):
+    """What one Ray task of ``memfit share --ray`` did with its job
+    (:func:`memfit.share.cluster_job.run_job` returns it; Ray pickles it back to the
+    driver): a :class:`JobResult` plus where the job ran.
+
+    Example:
+        >>> from memfit.share.planner import PlannedJob
+        >>> job = PlannedJob(name="a", command=("python", "train.py"), need=2**20,
+        ...                  need_source="given", note="given", charge=2**21,
+        ...                  exclusive=False, restart=False, env={}, index=1)
+        >>> r = RayJobResult.on_node(JobResult.of(job, JobFiles.of("runs", "a"),
+        ...                                       state=JobState.FINISHED, exit_code=0),
+        ...                          node="1a2b3c4d", node_id="1a2b3c4d5e", attempt=1)
+        >>> r.node, r.state, type(r.plain()).__name__
+        ('1a2b3c4d', <JobState.FINISHED: 'finished'>, 'JobResult')
+
+    Attributes:
+        node: the short name of the node it ran on (``None``: it never started there).
+        node_id: Ray's id of that node.
+        address: that node's IP address.
+        attempt: 1, then 2... when Ray retried it after its node died (0: the driver
+            made this result: the task failed or was cancelled before it answered).
+    """
+
+    node: str | None = None
+    node_id: str | None = None
+    address: str | None = None
+    attempt: int = 0
+
+    @classmethod
+    def on_node(cls, result: JobResult, *, node: str | None = None,
+                node_id: str | None = None, address: str | None = None,
+                attempt: int = 0) -> RayJobResult:
+        """``result``, with where it ran."""
+        return cls(**{f.name: getattr(result, f.name) for f in dataclasses.fields(JobResult)},
+                   node=node, node_id=node_id, address=address, attempt=attempt)
+
+    def plain(self) -> JobResult:
+        """The :class:`JobResult` alone (what a :class:`ShareResult` lists)."""
+        return JobResult(**{f.name: getattr(self, f.name)
+                            for f in dataclasses.fields(JobResult)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +169,7 @@ class ShareResult:
     @property
     def ok(self) -> bool:
         """Every job finished with exit code 0."""
-        return all(j.state == "finished" for j in self.jobs)
+        return all(j.state == JobState.FINISHED for j in self.jobs)
 
     @property
     def exit_code(self) -> int:

@@ -49,14 +49,17 @@ from typing import Any, TextIO
 
 from memfit import checks
 from memfit.errors import MemfitError
+from memfit.exitcodes import signal_name
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.process import exit_code, forward_signals, kill_tree
 from memfit.memory.sampler import TreeSampler
 from memfit.share.jobs import JobsSpec
 from memfit.share.launch import start_job
-from memfit.share.layout import DEFAULT_WORKDIR, JobFiles, JobRecord
+from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
+from memfit.share.outcome import finish, measured, over_share_reason, stop_over_share
 from memfit.share.planner import Plan, PlannedJob, gpu_memory, pick, plan
 from memfit.share.results import JobResult, ShareResult
+from memfit.share.states import JobState, Stop
 from memfit.share.status import Row, Status
 from memfit.sizes import format_size
 from memfit.workdir import Workdir
@@ -167,7 +170,7 @@ class _Running:
     sampler: TreeSampler
     started: float
     now: int | None = None          # its memory at the last sweep (what its share holds)
-    stopped: str | None = None      # "over-share" or "interrupted"
+    stopped: Stop | None = None     # why memfit is stopping it, if it is
     reason: str = ""
 
     @property
@@ -226,7 +229,7 @@ class _Scheduler:
             self.abort()
             raise
         if self.interrupted:
-            self.log.write(Event.STOP, reason="interrupted")
+            self.log.write(Event.STOP, reason=Stop.INTERRUPTED)
 
     def tick_once(self, received: Sequence[int]) -> None:
         """One sweep over the jobs."""
@@ -266,7 +269,8 @@ class _Scheduler:
         except Exception as e:          # noqa: BLE001 - a job that cannot start fails alone
             code = getattr(e, "exit_code", 126)
             now = time.time()
-            self.results[job.name] = JobResult.of(job, files, state="failed", exit_code=code,
+            self.results[job.name] = JobResult.of(job, files, state=JobState.FAILED,
+                                                  exit_code=code,
                                                   reason=str(e), started=now, ended=now)
             self.log.write(Event.EXIT, job=job.name, code=code, reason=str(e))
             self.status.event(f"{job.name} could not start: {e}")
@@ -302,19 +306,13 @@ class _Scheduler:
     def stop_over_share(self, a: _Running, value: int) -> None:
         """Kills a job above its share (a supervised one's training process only:
         ``memfit run`` restarts it)."""
-        what = "NVML" if self.on_gpu else "anonymous RSS"
-        self.log.write(Event.KILL, pid=a.proc.pid, job=a.job.name, reason="over-share",
-                       value=value, share=a.job.charge)
-        if a.job.restart:
-            kill_tree(a.proc, include_self=False)   # memfit run restarts the training process
-            self.status.event(f"{a.job.name}: {what} {format_size(value)} above its share "
-                              f"{format_size(a.job.charge)}: its training process was "
-                              f"killed for memfit run to restart")
+        if not stop_over_share(a.proc, a.job, self.log, value, where={"job": a.job.name}):
+            self.status.event(f"{a.job.name}: {measured(self.on_gpu)} {format_size(value)} "
+                              f"above its share {format_size(a.job.charge)}: its training "
+                              f"process was killed for memfit run to restart")
             return
-        kill_tree(a.proc)
-        a.stopped = "over-share"
-        a.reason = (f"{what} {format_size(value)} went above its share "
-                    f"{format_size(a.job.charge)}")
+        a.stopped = Stop.OVER_SHARE
+        a.reason = over_share_reason(value, a.job.charge, on_gpu=self.on_gpu)
         if self.on_gpu:
             a.reason += (" (is the job capped? it must call memfit.configure_device() before "
                          "TensorFlow starts)")
@@ -324,49 +322,29 @@ class _Scheduler:
     def finish(self, a: _Running) -> None:
         """A job has ended: its result, its restarts and exit in the log, its record."""
         ended = time.time()
-        code = exit_code(a.proc.returncode)
-        restarts, stop = a.files.supervisor_events(a.started) if a.job.restart else ([], "")
-        for r in restarts:
-            self.log.write(Event.RESTART, pid=a.proc.pid, t=r["t"], job=a.job.name,
-                           reason=r.get("reason"))
-        if a.stopped == "over-share":
-            state, reason = "stopped", a.reason
-        elif a.stopped == "interrupted":
-            state, reason = "interrupted", a.reason or "interrupted"
-        elif code == 0:
-            state, reason = "finished", ""
-        else:
-            state = "failed"
-            reason = stop or (f"killed by {_signal_name(code)}" if code > 128
-                              else f"exit code {code}")
-        r = JobResult.of(a.job, a.files, state=state, exit_code=code, reason=reason,
-                         peak=a.peak, host_peak=a.host_peak, pid=a.proc.pid,
-                         started=a.started, ended=ended, restarts=len(restarts))
+        r = finish(a.job, a.files, self.log, device=self.plan.device,
+                   where={"job": a.job.name}, pid=a.proc.pid,
+                   code=exit_code(a.proc.returncode), started=a.started, ended=ended,
+                   stopped=a.stopped, reason=a.reason, peak=a.peak, host_peak=a.host_peak)
         self.results[a.job.name] = r
-        self.log.write(Event.EXIT, pid=a.proc.pid, job=a.job.name, code=code, state=state,
-                       reason=reason or state, peak=r.peak, duration=ended - a.started)
-        a.files.write_record(JobRecord(
-            name=r.name, command=a.job.command, device=self.plan.device, exit_code=code,
-            state=state, peak=r.peak, host_peak=r.host_peak, share=r.share, need=r.need,
-            need_source=r.need_source, duration=ended - a.started, restarts=r.restarts,
-            t=ended))
         peak = "-" if r.peak is None else format_size(r.peak)
-        self.status.event(f"{a.job.name} {state}" + (f" ({reason})" if reason else "")
+        self.status.event(f"{a.job.name} {r.state}" + (f" ({r.reason})" if r.reason else "")
                           + f" after {ended - a.started:.1f} s, peak {peak}")
 
     def stop_on_signal(self, signum: int) -> None:
         """Ctrl-C or SIGTERM: SIGTERM to every running job (SIGKILL after
         :data:`STOP_GRACE` seconds); the queued jobs are not started."""
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         self.stopping_at = time.monotonic() + STOP_GRACE
         self.status.event(f"{name}: stopping {len(self.active)} running job(s); "
                           f"{len(self.queue)} not started")
         for a in self.active:
-            a.stopped, a.reason = "interrupted", name
+            a.stopped, a.reason = Stop.INTERRUPTED, name
             kill_tree(a.proc, signal.SIGTERM)
         for job in self.queue:
             self.results[job.name] = JobResult.of(job, JobFiles.of(self.plan.workdir, job.name),
-                                                  state="not started", reason="interrupted")
+                                                  state=JobState.NOT_STARTED,
+                                                  reason="interrupted")
         self.queue.clear()
 
     def abort(self) -> None:
@@ -401,12 +379,13 @@ class _Scheduler:
         for job in sorted(self.plan.jobs, key=lambda j: j.index):
             if job.name in running:
                 a = running[job.name]
-                rows.append((job.name, "running", a.now, a.peak, job.charge, now - a.started))
+                rows.append((job.name, JobState.RUNNING, a.now, a.peak, job.charge,
+                             now - a.started))
             elif job.name in self.results:
                 r = self.results[job.name]
                 rows.append((job.name, r.state, None, r.peak, job.charge, r.duration))
             else:
-                rows.append((job.name, "queued", None, None, job.charge, None))
+                rows.append((job.name, JobState.QUEUED, None, None, job.charge, None))
         return rows
 
     def _header(self, charged: int, in_use: int) -> str:
@@ -415,9 +394,3 @@ class _Scheduler:
                 f"charged {format_size(charged)} · in use {format_size(in_use)} · "
                 f"{time.time() - self.since:.1f} s  ({shlex.quote(self.plan.source)})")
 
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(code - 128).name
-    except ValueError:
-        return f"signal {code - 128}"

@@ -8,8 +8,8 @@ exception, or has not begun), and in a script that set a SIGTERM handler of its 
 the signal keeps its usual effect.
 
 Example:
-    >>> signal_name(15), signal_name(99)
-    ('SIGTERM', 'signal 99')
+    >>> guard = SigtermGuard(on_signal=print)
+    >>> guard.release()                     # nothing installed: nothing to give back
 """
 
 from __future__ import annotations
@@ -20,15 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SigtermGuard", "signal_name"]
-
-
-def signal_name(number: int) -> str:
-    """A signal's name (``"SIGTERM"``), or ``"signal N"`` for a number without one."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+__all__ = ["SigtermGuard"]
 
 
 class SigtermGuard:

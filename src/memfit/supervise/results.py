@@ -5,7 +5,7 @@ started from and ended at, its peak, why it ended; the time lost to restarts; th
 process's memory judged from outside.
 
 Example:
-    >>> child = ChildRun(pid=42, exit_code=75, cause="restart", reason="every 1 epoch",
+    >>> child = ChildRun(pid=42, exit_code=75, cause=Cause.RESTART, reason="every 1 epoch",
     ...                  started=0.0, ended=9.5, peak=None, resumed_at=(0, 0),
     ...                  ended_at=(1, 0))
     >>> child.progressed
@@ -21,13 +21,30 @@ from __future__ import annotations
 import collections
 import dataclasses
 import shlex
+from enum import StrEnum
 from pathlib import Path
 
 from memfit.memory.probe import Sample
 from memfit.memory.watch import OutsideVerdict
 from memfit.sizes import format_size
 
-__all__ = ["ChildRun", "RunResult"]
+__all__ = ["Cause", "ChildRun", "RunResult"]
+
+
+class Cause(StrEnum):
+    """Why one process of a supervised run ended (:attr:`ChildRun.cause`; the ``cause``
+    of its ``exit`` event in the log)."""
+
+    FINISHED = "finished"                   # exit 0
+    RESTART = "restart"                     # exit 75, or checkpointed after a SIGTERM to it
+    CONFIG = "config"                       # exit 78: a configuration error
+    CHECKPOINT_FAILED = "checkpoint-failed"     # exit 74
+    DATA = "data"                           # exit 65: a damaged shard
+    CRASH = "crash"                         # another exit code
+    KILLED = "killed"                       # a signal memfit did not send (the OOM killer?)
+    HARD_RSS = "hard-rss"                   # memfit run killed it at --hard-rss
+    UNRESPONSIVE = "unresponsive"           # no checkpoint within --grace of a request
+    INTERRUPTED = "interrupted"             # memfit run itself got SIGINT/SIGTERM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +70,7 @@ class ChildRun:
 
     pid: int
     exit_code: int
-    cause: str
+    cause: Cause
     reason: str
     started: float
     ended: float
@@ -101,7 +118,7 @@ class RunResult:
         """Restarts by reason (``{"every 1 epoch": 5, "max-rss": 1, "crash": 1}``)."""
         counts: collections.Counter[str] = collections.Counter()
         for child in self.children[:-1]:
-            counts[child.reason if child.cause == "restart" else child.cause] += 1
+            counts[child.reason if child.cause == Cause.RESTART else str(child.cause)] += 1
         return dict(counts)
 
     def __str__(self) -> str:

@@ -46,15 +46,14 @@ from typing import Any
 from memfit import checks, exitcodes
 from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
 from memfit.memory.classify import TOO_SHORT
-from memfit.memory.log import Event, MemoryLog, read_log
+from memfit.memory.log import Event, MemoryLog, check_log, read_log
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.sizes import format_size, parse_size
 from memfit.supervise import protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
-from memfit.supervise.preempt import signal_name
-from memfit.supervise.results import ChildRun, RunResult
+from memfit.supervise.results import Cause, ChildRun, RunResult
 from memfit.workdir import Workdir
 
 __all__ = ["run"]
@@ -128,9 +127,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT
                              interval=interval, backoff=backoff, max_backoff=max_backoff,
                              stop_grace=stop_grace)
     wd = Workdir(workdir).create()
-    if wd.log.exists() and wd.log.stat().st_size > 0:
-        for _ in read_log(wd.log):          # LogError if it is not a memfit log
-            pass
+    check_log(wd.log)
     result = _Supervisor(command, wd, limits).run()
     if out is not False:
         print(result, file=sys.stderr if out is None else out)
@@ -192,11 +189,11 @@ class _Limits:
 
 
 _STOPS = {
-    "interrupted": "interrupted",
-    "config": "the command reported a configuration error (exit 78)",
-    "checkpoint-failed": "the command could not write its checkpoint (exit 74; its message "
+    Cause.INTERRUPTED: "interrupted",
+    Cause.CONFIG: "the command reported a configuration error (exit 78)",
+    Cause.CHECKPOINT_FAILED: "the command could not write its checkpoint (exit 74; its message "
                          "above says why)",
-    "data": "the command met a damaged dataset (exit 65; its message above names the file "
+    Cause.DATA: "the command met a damaged dataset (exit 65; its message above names the file "
             "and the record): a restart would read the same bytes",
 }
 
@@ -247,7 +244,7 @@ class _Supervisor:
         """Runs children until one finishes (``None``) or the run stops (the reason)."""
         while True:
             child = self.run_child()
-            if child.cause == "finished":
+            if child.cause == Cause.FINISHED:
                 return None
             stop = self.stop_reason(child)
             if stop is not None:
@@ -273,7 +270,7 @@ class _Supervisor:
         """Why the run stops after ``child`` instead of restarting, or ``None``."""
         if child.cause in _STOPS:
             return _STOPS[child.cause]
-        planned = child.cause == "restart" and child.reason.startswith(PLANNED)
+        planned = child.cause == Cause.RESTART and child.reason.startswith(PLANNED)
         if planned:
             return None
         self.unplanned += 1
@@ -288,12 +285,12 @@ class _Supervisor:
     def restart(self, child: ChildRun) -> bool:
         """Logs and announces the restart and waits its backoff (a failure: doubled for
         each in a row without progress). Returns whether a signal came meanwhile."""
-        failed = child.cause != "restart"
+        failed = child.cause != Cause.RESTART
         self.failures = self.failures + 1 if failed and not child.progressed else int(failed)
         delay = min(self.limits.max_backoff, self.limits.backoff * 2 ** (self.failures - 1)) \
             if failed else 0.0
         peak = child.peak.anon_or_total if child.peak else None
-        self.log.write(Event.RESTART, reason=child.reason if child.cause == "restart"
+        self.log.write(Event.RESTART, reason=child.reason if child.cause == Cause.RESTART
                        else f"{child.cause}: {child.reason}", after=child.pid, delay=delay,
                        epoch=child.ended_at[0], step=child.ended_at[1], peak_rss=peak)
         print(f"memfit run: {_describe(child)}; restarting from {where(*child.ended_at)}"
@@ -342,7 +339,7 @@ class _Supervisor:
         return reason
 
     def _cause(self, proc: subprocess.Popen, killed: str | None, ckpt: Checkpoint | None,
-               started: float) -> tuple[str, str]:
+               started: float) -> tuple[Cause, str]:
         """Why a child ended (:attr:`ChildRun.cause`) and the details. The reason of a
         restart is the one its checkpoint, written since it started, records."""
         code = exit_code(proc.returncode)
@@ -350,38 +347,39 @@ class _Supervisor:
             (ckpt.contents.time or 0) >= started else None
         saved_reason = fresh.reason or "" if fresh is not None else ""
         if self.received:
-            reason = signal_name(self.received[0])
+            reason = exitcodes.signal_name(self.received[0])
             if killed == "stop-grace":
                 reason += f", killed: no exit within --stop-grace {self.limits.stop_grace:g} s"
-            return "interrupted", reason
+            return Cause.INTERRUPTED, reason
         if killed == "hard-rss":
-            return killed, (f"anonymous RSS reached --hard-rss "
+            return Cause.HARD_RSS, (f"anonymous RSS reached --hard-rss "
                             f"{format_size(self.limits.hard_rss or 0)}")
         if killed == "unresponsive":
-            return killed, f"no checkpoint within --grace {self.limits.grace:g} s of the request"
+            return Cause.UNRESPONSIVE, (f"no checkpoint within --grace "
+                                        f"{self.limits.grace:g} s of the request")
         if code == 0:
-            return "finished", ""
+            return Cause.FINISHED, ""
         if code == exitcodes.RESTART:
-            return "restart", saved_reason if fresh is not None else "asked"
+            return Cause.RESTART, saved_reason if fresh is not None else "asked"
         if code == 128 + signal.SIGTERM and saved_reason.startswith("preempted"):
-            return "restart", saved_reason
+            return Cause.RESTART, saved_reason
         if code == exitcodes.CONFIG:
-            return "config", "exit 78"
+            return Cause.CONFIG, "exit 78"
         if code == exitcodes.CHECKPOINT_FAILED:
-            return "checkpoint-failed", "exit 74"
+            return Cause.CHECKPOINT_FAILED, "exit 74"
         if code == exitcodes.DATA_ERROR:
-            return "data", "exit 65"
+            return Cause.DATA, "exit 65"
         if proc.returncode < 0:
-            return "killed", signal_name(-proc.returncode) + (
+            return Cause.KILLED, exitcodes.signal_name(-proc.returncode) + (
                 " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
-        return "crash", f"exit code {code}"
+        return Cause.CRASH, f"exit code {code}"
 
     def result(self, since: float, stop_reason: str | None) -> RunResult:
         """The run's result (the last child's memory judged, the stop logged); closes
         the log."""
         last = self.children[-1]
         result = RunResult(
-            exit_code=last.exit_code, finished=last.cause == "finished",
+            exit_code=last.exit_code, finished=last.cause == Cause.FINISHED,
             stop_reason=stop_reason, children=tuple(self.children),
             epoch=_position(self.store)[0], duration=time.time() - since,
             lost=_lost_time(self.wd.log, since, self.children), log_path=self.wd.log,
@@ -424,7 +422,7 @@ def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> fl
 
 
 def _describe(child: ChildRun) -> str:
-    if child.cause == "restart":
+    if child.cause == Cause.RESTART:
         return f"process {child.pid} checkpointed and exited for a restart ({child.reason})"
     return f"process {child.pid} ended: {child.cause} ({child.reason})"
 
@@ -437,7 +435,7 @@ def _repeated(children: Sequence[ChildRun]) -> str | None:
     same = (a.cause, a.exit_code, a.ended_at) == (b.cause, b.exit_code, b.ended_at)
     if not same or b.progressed:
         return None
-    if b.cause == "restart" and b.reason == "max-rss":
+    if b.cause == Cause.RESTART and b.reason == "max-rss":
         return (f"two restarts for --max-rss in a row made no progress past "
                 f"{where(*b.ended_at)}: the training needs more memory than --max-rss to take "
                 f"a step; raise --max-rss or lower the batch size")

@@ -53,6 +53,8 @@ from memfit.env import (
     MAX_RSS_ENV,
     RESTART_EVERY_ENV,
     SUPERVISOR_ENV,
+    EnvError,
+    env_int,
 )
 from memfit.errors import CorruptShardError
 from memfit.memory.log import Event, MemoryLog
@@ -61,7 +63,6 @@ from memfit.sizes import format_size
 from memfit.supervise import protocol, rng
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from memfit.supervise.preempt import signal_name
 from memfit.supervise.protocol import SessionConfigError
 from memfit.workdir import Workdir, default_workdir
 
@@ -70,17 +71,6 @@ __all__ = ["Session", "SessionConfigError", "session", "current"]
 _current: Session | None = None
 
 _MAX_SEED = 2**31 - 1
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise SessionConfigError(f"${name} must be an integer, as memfit run sets it. "
-                                 f"Received: {name}={raw!r}") from None
 
 
 class Session:
@@ -117,8 +107,11 @@ class Session:
         self.store.clean()
         self.checkpoint: Checkpoint | None = self.store.recover()
         self.supervised = bool(os.environ.get(SUPERVISOR_ENV))
-        self.restart_every = _env_int(RESTART_EVERY_ENV) if self.supervised else None
-        self.max_rss = _env_int(MAX_RSS_ENV) if self.supervised else None
+        try:
+            self.restart_every = env_int(RESTART_EVERY_ENV) if self.supervised else None
+            self.max_rss = env_int(MAX_RSS_ENV) if self.supervised else None
+        except EnvError as e:               # memfit run stops: a restart reads the same
+            raise SessionConfigError(str(e)) from None
         saved = self.checkpoint.contents if self.checkpoint else None
         saved_seed = saved.seed if saved else None
         if seed is not None and saved_seed is not None and seed != saved_seed:
@@ -187,10 +180,10 @@ class Session:
         """Checkpoints after the current step and exits with ``128 + signum`` (what the
         session's SIGTERM handler calls while ``fit`` runs; supervised or not)."""
         if not self.preempted and self.verbose:
-            print(f"\nmemfit: {signal_name(signum)} received: finishing the current step, "
-                  f"then checkpointing and exiting", file=sys.stderr)
+            print(f"\nmemfit: {exitcodes.signal_name(signum)} received: finishing the current "
+                  f"step, then checkpointing and exiting", file=sys.stderr)
         self.preempted = signum
-        self._restart_reason = f"preempted ({signal_name(signum)})"
+        self._restart_reason = f"preempted ({exitcodes.signal_name(signum)})"
 
     def pending_restart(self) -> str | None:
         """Why the session should exit for a restart now, or ``None``."""
