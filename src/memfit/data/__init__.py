@@ -5,14 +5,16 @@ The rooms, each with its map in its ``__init__``:
 
 - :mod:`memfit.data.format`: what is on disk (TFRecord framing, ``manifest.json``, the
   "memfit-arrays" directory, the C extension).
-- :mod:`memfit.data.packing`: ``memfit.pack`` and its sources, packers and output.
+- :mod:`memfit.data.sources`: what ``memfit.pack`` reads (arrays, ``.npz``, CSV, an
+  iterable of samples), each opened as columns a packer writes.
+- :mod:`memfit.data.packing`: ``memfit.pack``, its options, packers and output.
 - :mod:`memfit.data.read`: ``memfit.dataset``, its plan and its readers, with the block
   reader in :mod:`memfit.data.read.blocks`.
 - :mod:`memfit.data.verification`: ``memfit inspect``, ``memfit verify``.
 
-Imports point down: ``format`` imports nothing of data, ``packing`` and ``read`` import
-``format``, and ``verification`` imports ``format``. ``memfit.data.read.dispatch`` imports
-TensorFlow; it is loaded on first use so that packing and the command line start fast.
+Every room imports ``format``, which imports nothing of data; ``packing`` imports
+``sources``. ``memfit.data.read.dispatch`` imports TensorFlow; it is loaded on first use so
+that packing and the command line start fast.
 """
 
 from typing import Any

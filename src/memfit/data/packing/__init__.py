@@ -4,8 +4,7 @@ Read in this order:
 
 - :mod:`~memfit.data.packing.packer`: ``memfit.pack`` itself, the one entry; it checks
   the input, prepares the output and hands the work to a packer.
-- :mod:`~memfit.data.packing.sources`: what can be packed (arrays, ``.npz``, CSV, an
-  iterable of dicts), each read in chunks.
+- what can be packed is the room next door, :mod:`memfit.data.sources`.
 - :mod:`~memfit.data.packing.pack_options`: the options both packers share
   (:class:`~memfit.data.packing.pack_options.PackOptions`), the seeded split order,
   files written under a temporary name with their sha256, the progress bar.
@@ -15,5 +14,6 @@ Read in this order:
   undone on failure) and :mod:`~memfit.data.packing.pack_replace` (``overwrite=True``:
   the old dataset or the new one, whole, at every instant).
 
-A new source goes into ``sources``; a new way to write goes beside the two packers.
+A new source goes into :mod:`memfit.data.sources`; a new way to write goes beside the two
+packers.
 """

@@ -10,7 +10,7 @@ files' sha256 still match.
 
 Example:
     >>> import tempfile
-    >>> from memfit.data.packing.sources import open_source
+    >>> from memfit.data.sources.opening import open_source
     >>> out = Path(tempfile.mkdtemp())
     >>> src = open_source({"x": np.arange(6, dtype="float32").reshape(3, 2)})
     >>> manifest, kept = pack_arrays(src, out, {}, PackOptions.of(format="arrays",
@@ -41,7 +41,7 @@ from memfit.data.packing.pack_options import (
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
-from memfit.data.packing.sources import ArraySource
+from memfit.data.sources.columns import ArraySource
 from memfit.errors import DatasetError
 
 __all__ = ["NpyWriter", "pack_arrays"]

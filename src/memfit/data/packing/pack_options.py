@@ -28,7 +28,7 @@ import numpy as np
 
 from memfit import checks
 from memfit.atomic import discard, temporary_name
-from memfit.data.packing.sources import ArraySource, StreamSource
+from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 

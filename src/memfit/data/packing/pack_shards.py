@@ -45,7 +45,8 @@ from memfit.data.packing.pack_options import (
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
-from memfit.data.packing.sources import ArraySource, StreamSource, open_source
+from memfit.data.sources.columns import ArraySource, StreamSource
+from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
 
 __all__ = ["ShardWriter", "encode_block", "write_shard", "pack_shards", "pack_stream"]

@@ -2,7 +2,7 @@
 (or, with ``format="arrays"``, into one ``.npy`` file per split and feature).
 
 This module is the entry point: it checks the arguments (:class:`~memfit.data.packing.pack_options.
-PackOptions`), opens the source (:mod:`memfit.data.packing.sources`), makes the output directory
+PackOptions`), opens the source (:mod:`memfit.data.sources`), makes the output directory
 ready (:mod:`memfit.data.packing.pack_output`) and hands the work to a packer: TFRecord shards
 (:mod:`~memfit.data.packing.pack_shards`) or ``.npy`` arrays
 (:mod:`~memfit.data.packing.arrays_pack`).
@@ -55,7 +55,9 @@ from memfit.data.packing.pack_replace import (
     remove_leftovers,
 )
 from memfit.data.packing.pack_shards import pack_shards, pack_stream
-from memfit.data.packing.sources import ArraySource, StreamSource, csv_to_npy, open_source
+from memfit.data.sources.columns import ArraySource, StreamSource
+from memfit.data.sources.csv_table import csv_to_npy
+from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 

@@ -1,24 +1,25 @@
-"""Sources that ``memfit.pack`` reads: arrays (in memory or memory-mapped ``.npy``),
-``.npz`` archives, CSV files, and any iterable of dicts of arrays.
+"""The two kinds of source every packer reads: :class:`ArraySource` (random-access
+columns: arrays in memory, memory-mapped ``.npy`` files, lists of arrays for
+variable-shape features) and :class:`StreamSource` (an iterable of dicts of arrays, of
+unknown length). A new source either gives one of them (as the CSV and ``.npz`` sources
+do) or a class with the same members.
 
 Every source is validated before a byte is written: equal lengths, supported dtypes, and
 ragged rows only where a variable shape was declared. Errors name the feature and the
 values.
 
 Example:
-    >>> src = open_source({"x": np.zeros((10, 3), "float32"), "y": np.arange(10)})
+    >>> src = ArraySource({"x": np.zeros((10, 3), "float32"), "y": np.arange(10)})
     >>> src.length, sorted(src.features)
     (10, ['x', 'y'])
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from memfit.data.format.manifest import Feature, check_dtype, check_feature_name
 from memfit.data.read.buffers import release_pages
 from memfit.errors import DatasetError
 
-__all__ = ["ArraySource", "StreamSource", "open_source", "csv_to_npy"]
+__all__ = ["ArraySource", "Columns", "StreamSource"]
 
 Columns = dict[str, Any]   # feature name → ndarray (fixed) or list of ndarrays (variable)
 
@@ -227,165 +228,3 @@ class StreamSource:
                            f"first dimension varies)") + ".")
                 out[name] = arr
             yield out
-
-
-def _load_npy(name: str, path: str) -> np.ndarray:
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise DatasetError(f"Feature {name!r}: no such file {path!r}.") from None
-    except ValueError as e:
-        raise DatasetError(f"Feature {name!r}: {path!r} is not a readable .npy file of "
-                           f"numbers ({e}).") from None
-
-
-def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
-               delimiter: str = ",") -> dict[str, str]:
-    """Converts a CSV file to ``.npy`` columns in ``workdir`` in two streamed passes.
-
-    Columns are typed by content: all integers → int64, otherwise numbers → float32; an
-    empty or non-numeric cell is an error naming the row and column. With ``label``, the
-    label column becomes feature ``y`` and the other columns are stacked into ``x``
-    (float32, one vector per row); otherwise each column is its own feature.
-
-    Example:
-        >>> import tempfile
-        >>> d = Path(tempfile.mkdtemp())
-        >>> _ = (d / "t.csv").write_text("a,b,target\\n1,0.5,0\\n2,1.5,1\\n")
-        >>> paths = csv_to_npy(str(d / "t.csv"), d / "npy", label="target")
-        >>> np.load(paths["x"]).tolist(), np.load(paths["y"]).tolist()
-        ([[1.0, 0.5], [2.0, 1.5]], [0, 1])
-
-    Returns:
-        feature name → path of the ``.npy`` file written.
-    """
-    header, is_int, rows = _scan_csv(path, delimiter, label)
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = {name: np.lib.format.open_memmap(workdir / f"{name}.npy", mode="w+", dtype=dt,
-                                           shape=shape)
-           for name, (dt, shape) in _csv_features(header, is_int, rows, label).items()}
-    _fill_from_csv(out, path, delimiter, header, is_int, label)
-    for arr in out.values():
-        arr.flush()
-    return {name: str(workdir / f"{name}.npy") for name in out}
-
-
-def _scan_csv(path: str, delimiter: str,
-              label: str | None) -> tuple[list[str], list[bool], int]:
-    """The first pass: the header, whether each column holds integers only, and the
-    number of rows; every cell is checked to be a number."""
-    try:
-        f = open(path, newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"No such CSV file: {path!r}.") from None
-    with f:
-        reader = csv.reader(f, delimiter=delimiter)
-        header = next(reader, None)
-        if not header:
-            raise DatasetError(f"CSV file {path!r} is empty: it needs a header row.")
-        header = [h.strip() for h in header]
-        if label is not None and label not in header:
-            raise DatasetError(f"CSV file {path!r} has no column {label!r}; columns are "
-                               f"{header}. Received: label={label!r}")
-        is_int = [True] * len(header)
-        rows = 0
-        for line_no, row in enumerate(reader, start=2):
-            if len(row) != len(header):
-                raise DatasetError(f"CSV file {path!r} line {line_no} has {len(row)} cells; "
-                                   f"the header has {len(header)}.")
-            for j, cell in enumerate(row):
-                try:
-                    if is_int[j]:
-                        int(cell)
-                        continue
-                except ValueError:
-                    is_int[j] = False
-                try:
-                    float(cell)
-                except ValueError:
-                    raise DatasetError(
-                        f"CSV file {path!r} line {line_no} column {header[j]!r} is not a "
-                        f"number: {cell!r}. memfit packs numeric CSV columns; encode "
-                        f"categories as integers first.") from None
-            rows += 1
-    if rows == 0:
-        raise DatasetError(f"CSV file {path!r} has a header but no rows.")
-    return header, is_int, rows
-
-
-def _csv_features(header: list[str], is_int: list[bool], rows: int,
-                  label: str | None) -> dict[str, tuple[Any, tuple[int, ...]]]:
-    """Feature name → (dtype, shape) of the ``.npy`` columns a CSV file becomes."""
-    if label is not None:
-        j_label = header.index(label)
-        return {"x": (np.float32, (rows, len(header) - 1)),
-                "y": (np.int64 if is_int[j_label] else np.float32, (rows,))}
-    return {h: (np.int64 if is_int[j] else np.float32, (rows,)) for j, h in enumerate(header)}
-
-
-def _fill_from_csv(out: dict[str, np.ndarray], path: str, delimiter: str, header: list[str],
-                   is_int: list[bool], label: str | None) -> None:
-    """The second pass: the rows, 65,536 at a time, into the ``.npy`` columns."""
-    if label is not None:
-        j_label = header.index(label)
-        x_cols = [j for j in range(len(header)) if j != j_label]
-    chunk = 65536
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        next(reader)
-        start = 0
-        while True:
-            block = list(itertools.islice(reader, chunk))
-            if not block:
-                break
-            table = np.array(block, dtype=np.float64 if not all(is_int) else np.int64)
-            stop = start + len(block)
-            if label is not None:
-                out["x"][start:stop] = table[:, x_cols]
-                out["y"][start:stop] = table[:, j_label]
-            else:
-                for j, h in enumerate(header):
-                    out[h][start:stop] = table[:, j]
-            start = stop
-
-
-def open_source(source: Any, *, variable: Iterable[str] = ()) -> ArraySource | StreamSource:
-    """Turns what the user passed to ``pack`` into a source.
-
-    Args:
-        source: a dict of arrays (or of ``.npy`` paths), a path to an ``.npz`` or ``.npy``
-            file, or an iterable/generator of dicts of arrays.
-        variable: names of features whose first dimension varies from sample to sample.
-    """
-    if isinstance(source, str | os.PathLike):
-        path = str(source)
-        if path.endswith(".npz"):
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except FileNotFoundError:
-                raise DatasetError(f"No such .npz file: {path!r}.") from None
-            return ArraySource(arrays, variable=variable, description=path)
-        if path.endswith(".npy"):
-            name = Path(path).stem
-            return ArraySource({name: _load_npy(name, path)}, variable=variable,
-                               paths={name: path}, description=path)
-        if path.endswith(".csv"):
-            raise DatasetError("Pack a CSV file with pack(csv=PATH, label=...) or "
-                               f"`memfit pack --csv PATH`. Received: {path!r}")
-        raise DatasetError(f"Unknown source file type {path!r}: use .npy, .npz or .csv.")
-    if isinstance(source, Mapping):
-        columns, paths = {}, {}
-        for name, value in source.items():
-            if isinstance(value, str | os.PathLike):
-                columns[name] = _load_npy(name, str(value))
-                paths[name] = str(value)
-            else:
-                columns[name] = value
-        desc = ", ".join(f"{k}={v}" for k, v in paths.items()) or "arrays"
-        return ArraySource(columns, variable=variable, paths=paths, description=desc)
-    if isinstance(source, Iterable) and not isinstance(source, bytes | np.ndarray):
-        return StreamSource(source, variable=variable)
-    raise DatasetError(f"Cannot pack a {type(source).__name__}: give a dict of arrays, a .npz "
-                       f"or .npy path, or an iterable of dicts of arrays. Received: "
-                       f"{str(source)[:80]!r}")
