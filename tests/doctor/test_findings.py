@@ -1,9 +1,10 @@
 """The rules on synthetic measurements: the GPU rule (no GPU here), thresholds, ranking."""
 
 import copy
+import json
 
 from memfit.doctor.data_rules import BUFFER_MIN, DATA_MIN
-from memfit.doctor.facts import Facts
+from memfit.doctor.facts import PROBE_FORMAT, Facts, ProbeResults
 from memfit.doctor.findings import diagnose
 from memfit.doctor.growth_rules import WARMUP_MIN, memory_growth
 from memfit.doctor.model_rules import gpu_no_limit
@@ -26,8 +27,27 @@ GPU = {"gpus": [{"name": "/physical_device:GPU:0", "growth": False, "memory_limi
 def facts(**probe_changes):
     probe = copy.deepcopy(QUIET)
     probe.update(probe_changes)
-    return Facts(command=("python", "train.py"), probe=probe, peak_anon=330 * MiB,
-                 ram_total=24 * GiB)
+    return Facts(command=("python", "train.py"), probe=ProbeResults.from_json(probe),
+                 peak_anon=330 * MiB, ram_total=24 * GiB)
+
+
+def test_the_probes_results_file_reads_and_writes_back_byte_for_byte():
+    """The results file the probe writes (every key, in the probe's order) reads into
+    ProbeResults and is written back the same, so files from older runs still read."""
+    written = {"format": PROBE_FORMAT, "pid": 42, "argv": ["train.py"], "run": "r1",
+               "steps": 100, "fits": 1, "stopped": "steps", "steps_limit": 100,
+               "seconds_limit": None, "duration": 3.5, "train_seconds": 2.0,
+               "rss_before_fit": 300 * MiB, "rss_first_step": 310 * MiB,
+               "rss_final": 315 * MiB, "rss_peak_steps": 320 * MiB,
+               "step_rss": [310 * MiB, 320 * MiB], "epoch_rss": [320 * MiB],
+               "fit": QUIET["fit"], "arrays": QUIET["arrays"], "epochs": 1,
+               "epochs_limit": None, "releases": [{"released": 0, "kept": 1, "before": 2}],
+               "verdict": None, "causes": QUIET["causes"], "kept": {"error": "ValueError: x"},
+               "gpu": None, "model_file": None, "estimate": None}
+    probe = ProbeResults.from_json(json.loads(json.dumps(written)))
+    assert probe.steps == 100 and probe.step_rss == (310 * MiB, 320 * MiB)
+    assert json.dumps(probe.to_json()) == json.dumps(written)
+    assert ProbeResults.from_json({"format": PROBE_FORMAT, "new_key": 1}).steps == 0
 
 
 def test_quiet_run_has_no_findings():
@@ -90,7 +110,8 @@ def test_without_probe_the_outside_verdict_is_used_and_a_short_probe_gives_none(
                     watch_verdict={"verdict": "leak", "growth": 500 * MiB, "slope": 50 * MiB,
                                    "epochs": 10, "basis": "time slices"}, ram_total=24 * GiB)
     assert memory_growth(outside).details["basis"] == "time slices"
-    short = Facts(command=("python", "t.py"), probe=copy.deepcopy(QUIET), peak_anon=GiB,
+    short = Facts(command=("python", "t.py"), probe=ProbeResults.from_json(QUIET),
+                  peak_anon=GiB,
                   watch_verdict=outside.watch_verdict, ram_total=24 * GiB)
     assert memory_growth(short) is None
 

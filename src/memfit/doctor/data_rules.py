@@ -68,7 +68,7 @@ def _held(f: Facts) -> _Held:
     pipeline = f.fit.get("pipeline") or {}
     caches = [b for b in pipeline.get("buffers", []) if b["kind"] == "cache" and b["bytes"]]
     growth = f.first_step_growth or 0
-    alive_total = (f.measurements.get("arrays") or {}).get("total", 0)
+    alive_total = (f.measurements.arrays or {}).get("total", 0)
     return _Held(given=given, given_bytes=given_bytes, growth_at_start=growth,
                  copy=min(growth, given_bytes) if given_bytes else 0, pipeline=pipeline,
                  tensors=int(pipeline.get("tensors_bytes", 0)), caches=caches,

@@ -1,7 +1,8 @@
 """What the doctor's rules read and what they return: :class:`Facts` and :class:`Finding`.
 
-:class:`Facts` holds one run's measurements: the in-process probe's results (a plain dict,
-see :func:`memfit.doctor.probe.finish`) and the process tree's memory seen from outside.
+:class:`Facts` holds one run's measurements: the in-process probe's results
+(:class:`ProbeResults`, which :func:`memfit.doctor.probe.finish` writes as JSON across
+the process) and the process tree's memory seen from outside.
 A rule (:mod:`memfit.doctor.findings` lists them) reads the facts and returns a
 :class:`Finding`: the numbers measured, why they matter, the fix and the memory at stake.
 The small helpers below word the numbers the same way in every rule.
@@ -10,6 +11,9 @@ Example:
     >>> facts = Facts(command=("python", "train.py"), probe=None, peak_anon=2**30)
     >>> facts.peak, facts.cmd, arg_size(1.7 * 2**30), percent(1, 4)
     (1073741824, 'python train.py', '1.5GiB', '25 %')
+    >>> probe = ProbeResults.from_json({"format": PROBE_FORMAT, "steps": 40, "fits": 1})
+    >>> probe.steps, probe.fits, probe.verdict, ProbeResults.from_json(probe.to_json()) == probe
+    (40, 1, None, True)
 """
 
 from __future__ import annotations
@@ -22,9 +26,85 @@ from typing import Any
 
 from memfit.sizes import format_size
 
-__all__ = ["Finding", "Facts", "arg_size", "percent", "array_names", "describe_array"]
+__all__ = ["Finding", "Facts", "ProbeResults", "PROBE_FORMAT", "arg_size", "percent",
+           "array_names", "describe_array"]
 
 MiB = 2**20
+PROBE_FORMAT = "memfit-doctor-probe"     # the ``format`` of the probe's results file
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResults:
+    """What the in-process probe measured in one training process
+    (``$MEMFIT_DOCTOR_DIR/probe-RUN-PID.json``): written by
+    :func:`memfit.doctor.probe.finish`, read by :mod:`memfit.doctor.run`. The fields are
+    the file's keys, in its order; a key the file lacks takes its default.
+
+    Attributes:
+        format: :data:`PROBE_FORMAT`.
+        pid, argv, run: the process, its command line and the doctor run's id.
+        steps, fits, epochs: training steps, ``fit`` calls and epoch ends seen.
+        stopped: ``"steps"``, ``"epochs"`` or ``"seconds"`` when the probe stopped it.
+        steps_limit, seconds_limit, epochs_limit: the limits it was given.
+        duration: seconds from the process's start; ``train_seconds``: from the first fit.
+        rss_before_fit, rss_first_step, rss_final, rss_peak_steps: anonymous RSS (bytes)
+            when ``fit`` was called, after its first step, at the end, and the most after
+            a step.
+        step_rss, epoch_rss: anonymous RSS after each step (the last ones) and epoch end.
+        fit: what the largest ``fit`` call trained on (arrays, pipeline, batch size...).
+        arrays: the arrays alive at the end (``total``, ``mapped``, ``largest``, ``memfit``).
+        releases: what a trim gave back after each ``del`` + ``gc.collect()``.
+        verdict, causes, kept: the classifier's verdict on the steps, what usually causes
+            a leak (models alive, retraced functions), allocator retention after ``del``
+            (each ``{"error": ...}`` when it could not be measured).
+        gpu, model_file, estimate: the GPU settings, the saved model, the estimator's
+            breakdown of the model's step.
+    """
+
+    format: str = PROBE_FORMAT
+    pid: int | None = None
+    argv: tuple[str, ...] = ()
+    run: str | None = None
+    steps: int = 0
+    fits: int = 0
+    stopped: str | None = None
+    steps_limit: int | None = None
+    seconds_limit: float | None = None
+    duration: float | None = None
+    train_seconds: float | None = None
+    rss_before_fit: int | None = None
+    rss_first_step: int | None = None
+    rss_final: int | None = None
+    rss_peak_steps: int | None = None
+    step_rss: tuple[int, ...] = ()
+    epoch_rss: tuple[int, ...] = ()
+    fit: Mapping[str, Any] | None = None
+    arrays: Mapping[str, Any] | None = None
+    epochs: int = 0
+    epochs_limit: int | None = None
+    releases: tuple[Mapping[str, Any], ...] = ()
+    verdict: Mapping[str, Any] | None = None
+    causes: Mapping[str, Any] | None = None
+    kept: Mapping[str, Any] | None = None
+    gpu: Mapping[str, Any] | None = None
+    model_file: str | None = None
+    estimate: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of the results file, its keys in the probe's order."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProbeResults:
+        """The results in a results file's object (keys it lacks take their default,
+        keys this version does not know are left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) and k in _LISTS else v
+                      for k, v in data.items() if k in names})
+
+
+_LISTS = {"argv", "step_rss", "epoch_rss", "releases"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +150,7 @@ class Facts:
     """
 
     command: Sequence[str]
-    probe: Mapping[str, Any] | None
+    probe: ProbeResults | None
     peak_anon: int | None = None
     watch_verdict: Mapping[str, Any] | None = None
     ram_total: int | None = None
@@ -78,29 +158,29 @@ class Facts:
     @property
     def peak(self) -> int:
         """The largest anonymous RSS seen, from inside or outside (0 if none)."""
-        inside = (self.probe or {}).get("rss_peak_steps") or 0
+        inside = self.measurements.rss_peak_steps or 0
         return max(inside, self.peak_anon or 0)
 
     @property
-    def measurements(self) -> Mapping[str, Any]:
-        """The probe's results, or an empty mapping without a probe."""
-        return self.probe or {}
+    def measurements(self) -> ProbeResults:
+        """The probe's results, or empty ones (every field its default) without a probe."""
+        return self.probe or _NO_PROBE
 
     @property
     def fit(self) -> Mapping[str, Any]:
         """What the largest ``fit`` call trained on (arrays, pipeline, batch size...)."""
-        return self.measurements.get("fit") or {}
+        return self.measurements.fit or {}
 
     @property
     def alive(self) -> list[Mapping[str, Any]]:
         """The largest arrays alive at the end of the run, memory-mapped ones left out."""
-        return [a for a in (self.measurements.get("arrays") or {}).get("largest", [])
+        return [a for a in (self.measurements.arrays or {}).get("largest", [])
                 if not a["mapped"]]
 
     @property
     def containers(self) -> list[Mapping[str, Any]]:
         """Python containers of many small arrays alive at the end (a list of tuples...)."""
-        return [a for a in (self.measurements.get("arrays") or {}).get("largest", [])
+        return [a for a in (self.measurements.arrays or {}).get("largest", [])
                 if a.get("container")]
 
     @property
@@ -112,14 +192,17 @@ class Facts:
     def first_step_growth(self) -> int | None:
         """How much anonymous RSS grew from the call of ``fit`` to its first step (Keras
         copying in-memory arrays, a shuffle buffer filling), or ``None`` if not measured."""
-        before = self.measurements.get("rss_before_fit")
-        first = self.measurements.get("rss_first_step")
+        before = self.measurements.rss_before_fit
+        first = self.measurements.rss_first_step
         return None if before is None or first is None else max(0, first - before)
 
     @property
     def cmd(self) -> str:
         """The command, quoted as a shell would take it."""
         return shlex.join(self.command)
+
+
+_NO_PROBE = ProbeResults()
 
 
 def arg_size(n: float) -> str:

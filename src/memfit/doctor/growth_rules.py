@@ -40,7 +40,7 @@ MAX_RSS_SHARE = 0.8             # `memfit run --max-rss` suggested at this share
 
 def _kept_measured(f: Facts, kept: Mapping[str, Any]) -> str:
     """What stayed after del + gc.collect(), what a trim gave back, and what built it."""
-    releases = f.measurements.get("releases") or []
+    releases = f.measurements.releases
     released, stayed, before = int(kept["released"]), int(kept["kept"]), int(kept["before"])
     measured = (f"after del + gc.collect() between fit() calls, anonymous RSS stayed at "
                 f"{format_size(stayed)} ({format_size(before)} at the end of the fit() call "
@@ -61,7 +61,7 @@ def _kept_measured(f: Facts, kept: Mapping[str, Any]) -> str:
 
 def kept_after_del(f: Facts) -> Finding | None:
     """The seed story: memory kept after ``del`` + ``gc.collect()`` that a trim gives back."""
-    k = f.measurements.get("kept")
+    k = f.measurements.kept
     if not k or "error" in k or (k.get("released") or 0) < KEPT_MIN:
         return None
     data = data_in_ram(f)
@@ -89,7 +89,7 @@ def kept_after_del(f: Facts) -> Finding | None:
         "that builds its data again every epoch creeps up until it runs out of memory. "
         "Streaming avoids building the data at all; a trim returns what was freed.",
         fix, {"released": released, "kept": int(k["kept"]), "before": int(k["before"]),
-              "releases": f.measurements.get("releases") or [], "containers": f.containers,
+              "releases": list(f.measurements.releases), "containers": f.containers,
               "data": None if data is None else dict(data.details)})
 
 
@@ -102,7 +102,7 @@ def _growth_verdict(f: Facts) -> Mapping[str, Any] | None:
     seen from outside. A probe with too few steps to judge gives no verdict: the outside
     view would count the start-up (imports, data loading) as growth.
     """
-    v = f.measurements.get("verdict") if f.probe is not None else f.watch_verdict
+    v = f.measurements.verdict if f.probe is not None else f.watch_verdict
     if not v or "verdict" not in v:
         return None
     kind, growth, peak = v["verdict"], int(v.get("growth", 0)), f.peak
@@ -118,7 +118,7 @@ def _growth_verdict(f: Facts) -> Mapping[str, Any] | None:
 def _planned_steps(f: Facts) -> int | None:
     """The steps the one ``fit`` call was asked for, or ``None`` (several calls, unknown)."""
     fit = f.fit
-    if not fit.get("steps_per_epoch") or f.measurements.get("fits", 1) > 1:
+    if not fit.get("steps_per_epoch") or f.measurements.fits > 1:
         return None
     return int(fit["steps_per_epoch"]) * max(1, int(fit.get("epochs", 1))
                                              - int(fit.get("initial_epoch", 0)))
@@ -131,7 +131,7 @@ def _growth_measured(f: Facts, v: Mapping[str, Any], planned: int | None) -> tup
     basis = v.get("basis", "time slices")
     unit = {"steps": f"slices of {v.get('steps_per_value', 0):.0f} steps",
             "epochs": "epoch ends"}.get(basis, "time slices, seen from outside")
-    steps = f"; {f.measurements.get('steps', 0)} training steps" if f.probe is not None else ""
+    steps = f"; {f.measurements.steps} training steps" if f.probe is not None else ""
     measured = (f"anonymous RSS grew {format_size(growth, signed=True)} after the warm-up, "
                 f"{format_size(v.get('slope', 0), signed=True)} per value over {v['epochs']} "
                 f"values ({unit}{steps})")
@@ -150,7 +150,7 @@ def _growth_measured(f: Facts, v: Mapping[str, Any], planned: int | None) -> tup
 def _leak_hints(f: Facts, kind: str) -> list[str]:
     """What the probe saw that usually causes a leak: models alive, retraced functions,
     arrays alive outside fit()'s arguments."""
-    causes = f.measurements.get("causes") or {}
+    causes = f.measurements.causes or {}
     hints = []
     if (causes.get("models_alive") or 0) > 2:
         hints.append(f"{causes['models_alive']} Keras models are alive: models built in a "
@@ -225,4 +225,4 @@ def memory_growth(f: Facts) -> Finding | None:
                     "growth": int(v.get("growth", 0)), "slope": v.get("slope"),
                     "per_step": v.get("per_step"), "planned_steps": planned,
                     "released": v.get("released"),
-                    "causes": f.measurements.get("causes") or {}})
+                    "causes": f.measurements.causes or {}})

@@ -34,7 +34,7 @@ ACTIVATIONS_SHARE = 0.40        # of the estimate's model memory
 
 def _device(f: Facts) -> tuple[str, int | None]:
     """The memory the training runs against, in words and bytes: the GPU's, else RAM."""
-    devices = (f.measurements.get("gpu") or {}).get("devices") or []
+    devices = (f.measurements.gpu or {}).get("devices") or []
     if devices:
         return f"the GPU's {format_size(devices[0]['total'])}", devices[0]["total"]
     return f"this machine's {format_size(f.ram_total)} of RAM", f.ram_total
@@ -45,7 +45,7 @@ def _activations_measured(f: Facts, e: Mapping[str, Any], act: int, model: int) 
     heavy = [r for r in e.get("layers", [])[:3] if r["share"] >= 0.01]
     layers = ", ".join(f"{r['name']} ({r['type']}, {r['share'] * 100:.0f} %, "
                        f"{format_size(r['kept'])})" for r in heavy)
-    peak = f.measurements.get("rss_peak_steps")
+    peak = f.measurements.rss_peak_steps
     return (f"the estimate of one training step at batch {e['batch_size']} "
             f"({e['dtype_policy']}, {e['optimizer']}): {format_size(model)} for the model, "
             f"{format_size(e['total'])} with the framework; memory that grows with the batch "
@@ -66,7 +66,7 @@ def _activations_fix(f: Facts, e: Mapping[str, Any], act: int) -> tuple[str, ...
            + f"   # estimate {format_size(s['total'])} "
            f"({format_size(s['total'] - e['total'], signed=True)}), activations "
            f"{format_size(s['activations'])}" for s in e.get("smaller", [])]
-    model_file = f.measurements.get("model_file")
+    model_file = f.measurements.model_file
     source = shlex.quote(model_file) if model_file else "mymodule:build_model"
     if e["dtype_policy"] == "float32":
         fix.append('keras.mixed_precision.set_global_policy("mixed_float16")   # before '
@@ -86,7 +86,7 @@ def _activations_fix(f: Facts, e: Mapping[str, Any], act: int) -> tuple[str, ...
 
 def activations(f: Facts) -> Finding | None:
     """The model's activations dominate its training memory (from the estimator)."""
-    e = f.measurements.get("estimate")
+    e = f.measurements.estimate
     if not e or "error" in e:
         return None
     # What halving the batch halves: activations, their gradients and the kernels' buffers
@@ -107,14 +107,14 @@ def activations(f: Facts) -> Finding | None:
         {"batch_size": batch, "batch_memory": act, "activations": e["activations"],
          "model_bytes": model, "total": e["total"], "device_total": _device(f)[1],
          "layers": e.get("layers", []), "smaller": e.get("smaller", []),
-         "model_file": f.measurements.get("model_file")})
+         "model_file": f.measurements.model_file})
 
 
 # -- GPU -----------------------------------------------------------------------------------
 
 def gpu_no_limit(f: Facts) -> Finding | None:
     """A GPU without memory growth or a cap, while other processes use the same device."""
-    g = f.measurements.get("gpu")
+    g = f.measurements.gpu
     if not g:
         return None
     unbounded = [d for d in g.get("gpus", []) if not d.get("growth") and not d.get("memory_limit")]

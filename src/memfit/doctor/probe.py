@@ -52,6 +52,7 @@ from typing import Any
 
 from memfit.atomic import write_text_atomic
 from memfit.doctor.arrays import fit_arrays, memfit_buffers, resident_arrays
+from memfit.doctor.facts import PROBE_FORMAT, ProbeResults
 from memfit.doctor.pipeline import inspect_dataset, is_dataset
 from memfit.env import (
     DOCTOR_DIR_ENV,
@@ -68,7 +69,7 @@ from memfit.memory.probe import sample
 
 __all__ = ["attach", "finish", "deadline_passed", "results_path", "SLICES", "FORMAT"]
 
-FORMAT = "memfit-doctor-probe"
+FORMAT = PROBE_FORMAT           # the results file's ``format`` (see ProbeResults)
 SLICES = 10                     # per-step samples are cut into this many "epochs" to classify
 WARMUP_SLICES = 2               # ... the first ones are warm-up (traces, allocator pools)
 MIN_EPOCH_VALUES = 5            # epoch ends (over all fits) to classify instead of slices
@@ -494,20 +495,20 @@ def _model_and_device(st: _State) -> dict[str, Any]:
     return out
 
 
-def _write_results(st: _State, results: dict) -> None:
+def _write_results(st: _State, results: ProbeResults) -> None:
     """Writes the results where the parent reads them (a failure is said, not raised)."""
     if st.results_dir is None:                  # outside memfit doctor
         return
     try:
         st.results_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(results_path(st.results_dir, st.run_id, st.pid),
-                          json.dumps(results, default=str))
+                          json.dumps(results.to_json(), default=str))
     except OSError as e:
         sys.stderr.write(f"memfit doctor: could not write the probe's results to "
                          f"{str(st.results_dir)!r} ({e.strerror})\n")
 
 
-def finish() -> dict | None:
+def finish() -> ProbeResults | None:
     """Measures the end of the run and writes the results for the parent (once).
 
     Returns:
@@ -523,7 +524,7 @@ def finish() -> dict | None:
     final = sample()
     arrays = resident_arrays()
     own_count, own_bytes = memfit_buffers()
-    results: dict[str, Any] = {
+    measured: dict[str, Any] = {
         "format": FORMAT, "pid": st.pid, "argv": list(sys.argv), "run": st.run_id,
         "steps": st.steps, "fits": st.fits, "stopped": st.stop_reason,
         "steps_limit": st.steps_limit, "seconds_limit": st.seconds_limit,
@@ -544,10 +545,11 @@ def finish() -> dict | None:
     for key, compute in (("verdict", lambda: _verdict(st)), ("causes", _causes),
                          ("kept", lambda: _kept(st))):
         try:
-            results[key] = compute()
+            measured[key] = compute()
         except Exception as e:      # noqa: BLE001
-            results[key] = {"error": f"{type(e).__name__}: {e}"}
-    results.update(_model_and_device(st))
+            measured[key] = {"error": f"{type(e).__name__}: {e}"}
+    measured.update(_model_and_device(st))
+    results = ProbeResults.from_json(measured)
     _write_results(st, results)
     log = _log(st) if st.steps else st.log
     if log is not None:

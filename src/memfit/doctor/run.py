@@ -27,9 +27,8 @@ from typing import TextIO
 from memfit import checks
 from memfit.atomic import write_text_atomic
 from memfit.doctor import site
-from memfit.doctor.facts import Facts
+from memfit.doctor.facts import PROBE_FORMAT, Facts, ProbeResults
 from memfit.doctor.findings import diagnose
-from memfit.doctor.probe import FORMAT as PROBE_FORMAT
 from memfit.doctor.report import DoctorResult
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import system_memory
@@ -79,7 +78,7 @@ def check_limits(steps: int | None, seconds: float | None, epochs: int | None = 
     return steps, seconds, epochs
 
 
-def _read_probe(results_dir: Path, run_id: str) -> dict | None:
+def _read_probe(results_dir: Path, run_id: str) -> ProbeResults | None:
     """The results of the process that trained the most (a tree may hold several)."""
     best = None
     for path in sorted(results_dir.glob(f"probe-{run_id}-*.json")):
@@ -92,7 +91,7 @@ def _read_probe(results_dir: Path, run_id: str) -> dict | None:
         key = (data.get("steps") or 0, data.get("rss_peak_steps") or 0)
         if best is None or key > best[0]:
             best = (key, data)
-    return None if best is None else best[1]
+    return None if best is None else ProbeResults.from_json(best[1])
 
 
 def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float | None = None,
@@ -152,24 +151,25 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     return result
 
 
-def _diagnose(command: tuple[str, ...], watched: WatchResult, probe: dict | None,
+def _diagnose(command: tuple[str, ...], watched: WatchResult, probe: ProbeResults | None,
               workdir: Path) -> DoctorResult:
     """The findings of one run, from what was seen from outside and the probe's results."""
     outside = {**watched.verdict.to_record(), "basis": watched.basis}
     verdict = outside
-    if probe and probe.get("verdict") and "error" not in probe["verdict"]:
-        verdict = probe["verdict"]        # per step, with a trim probe: the better one
+    if probe is not None and probe.verdict and "error" not in probe.verdict:
+        verdict = probe.verdict           # per step, with a trim probe: the better one
     facts = Facts(command=command, probe=probe,
                   peak_anon=None if watched.peak is None else watched.peak.anon_or_total,
                   watch_verdict=outside, ram_total=system_memory()[0])
-    measured = probe or {}
     return DoctorResult(command=command, exit_code=watched.exit_code,
                         duration=watched.duration, findings=tuple(diagnose(facts)),
-                        steps=measured.get("steps"), stopped=measured.get("stopped"),
+                        steps=None if probe is None else probe.steps,
+                        stopped=None if probe is None else probe.stopped,
                         probe=probe is not None, peak=watched.peak,
                         verdict={k: v for k, v in verdict.items() if k != "values"},
-                        workdir=workdir, log_path=watched.log_path, measurements=probe,
-                        epochs=measured.get("epochs"))
+                        workdir=workdir, log_path=watched.log_path,
+                        measurements=None if probe is None else probe.to_json(),
+                        epochs=None if probe is None else probe.epochs)
 
 
 def _record(result: DoctorResult, wd: Workdir) -> None:
