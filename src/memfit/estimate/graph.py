@@ -51,7 +51,7 @@ from memfit.estimate.kernels import (
     widening,
     workspace,
 )
-from memfit.estimate.schedule import Event, Executor, Op, Peak, executor_threads, peak
+from memfit.estimate.schedule import Executor, Op, Peak, StepEvent, executor_threads, peak
 from memfit.quiet import filtered_stderr
 
 __all__ = ["StepGraph", "trace"]
@@ -92,7 +92,7 @@ class StepGraph:
         self.scopes = scopes or {}
         self.threads = executor_threads() if threads is None else checks.count(
             "threads", threads, example=2)
-        self._events: dict[int, list[Event]] = {}     # batch size (0: any) -> the play
+        self._events: dict[int, list[StepEvent]] = {}     # batch size (0: any) -> the play
         self._pools: dict[int, dict] = {}             # the same key -> its pools played
         self._index = {op.name: op.index for op in ops}
 
@@ -111,7 +111,7 @@ class StepGraph:
 
     # -- the schedule -------------------------------------------------------------------
 
-    def schedule(self, batch_size: int) -> list[Event]:
+    def schedule(self, batch_size: int) -> list[StepEvent]:
         """The play of the step's ops at ``batch_size``: an event when each op starts and
         one when it ends, in time order (:class:`~memfit.estimate.schedule.Executor`).
         With one thread the order does not depend on the batch size (played once)."""

@@ -37,7 +37,7 @@ from typing import NamedTuple
 from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
 from memfit.estimate.pool import POOL_THRESHOLD, PoolPeak, play_pool
 
-__all__ = ["Op", "Buffer", "Event", "Executor", "Peak", "peak", "prune", "executor_threads",
+__all__ = ["Op", "Buffer", "StepEvent", "Executor", "Peak", "peak", "prune", "executor_threads",
            "MMAP_THRESHOLD_MAX"]
 
 # glibc raises its mmap threshold to the size of each mapped block freed, up to 32 MiB on
@@ -83,7 +83,7 @@ class Buffer(NamedTuple):
     cap: int = 0         # a kernel workspace: the most bytes it touches (0: no cap)
 
 
-class Event(NamedTuple):
+class StepEvent(NamedTuple):
     """An op starts (``allocated``: its outputs and kernel scratch) or ends (``freed``:
     the ids of its scratch, and of buffers nobody will read any more)."""
 
@@ -151,7 +151,7 @@ class Executor:
         self.ready = collections.deque(op for op in self.ops if self.waiting[op.name] == 0)
         self.running: list = []                 # heap of (end time, order, op, scratch)
         self.started: set[str] = set()
-        self.events: list[Event] = []
+        self.events: list[StepEvent] = []
         self.now = 0
 
     def _wire(self) -> None:
@@ -166,7 +166,7 @@ class Executor:
             for d in deps:
                 self.consumers[d].append(op)
 
-    def play(self) -> list[Event]:
+    def play(self) -> list[StepEvent]:
         """Runs every op; returns the events in time order."""
         while self.ready or self.running:
             self.start_ready_ops()
@@ -203,7 +203,7 @@ class Executor:
         if op.workspace != (0, 0, 0):
             fixed, per, cap = op.workspace
             scratch.append(self.allocate(fixed, per, op.name, allocated, cap=cap))
-        self.events.append(Event(op, allocated, []))
+        self.events.append(StepEvent(op, allocated, []))
         end = (self.now + op.cost[0] + op.cost[1] * self.batch_size if self.threads > 1
                else self.now)
         heapq.heappush(self.running, (end, len(self.events), op, scratch))
@@ -271,7 +271,7 @@ class Executor:
         for t in [t for t, _, _ in op.outputs] + list(inputs):
             if self.reads[t] == 0 and t not in self.fetches:
                 self.release(t, freed)
-        self.events.append(Event(op, [], freed))
+        self.events.append(StepEvent(op, [], freed))
         for c in self.consumers[op.name]:
             self.waiting[c.name] -= 1
             if self.waiting[c.name] == 0:
@@ -340,7 +340,7 @@ class Peak:
 POOL_STEPS = 4
 
 
-def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
+def peak(events: list[StepEvent], batch_size: int, mmap_threshold: int | None, *,
          is_backward: Callable[[str], bool], split_batch: int | None = None,
          pool: bool = False, kept: Iterable[int] = (), step_inputs: Iterable[int] = (),
          memo: dict | None = None) -> Peak:
@@ -447,7 +447,7 @@ def peak(events: list[Event], batch_size: int, mmap_threshold: int | None, *,
                 pool_in_use=the_pool.in_use)
 
 
-def _largest_heap_buffer(events: list[Event], batch_size: int,
+def _largest_heap_buffer(events: list[StepEvent], batch_size: int,
                          mmap_threshold: int | None) -> int:
     """The largest buffer glibc serves from its heap: below a fixed ``mmap_threshold``;
     else (glibc's dynamic threshold) the largest buffer of the step, up to

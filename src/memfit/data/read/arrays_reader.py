@@ -83,7 +83,7 @@ class ArraysPlan:
     """What ``memfit.dataset`` chose for a ``.npy`` source, and what it will yield.
 
     The sibling of :class:`memfit.data.read.plan.DatasetPlan` (both are a
-    :class:`~memfit.data.read.plan.Plan`) (same ``batch_size``,
+    :class:`~memfit.data.read.plan.ReaderPlan`) (same ``batch_size``,
     ``samples``, ``steps_per_epoch``, ``memory_budget``, ``estimated_bytes``,
     ``prefetch_batches``, ``seed``, ``epoch``, ``epochs``, ``shuffle``, ``arena_limit``).
 

@@ -3,22 +3,10 @@
 Two readers, one order model. Shards of fixed-shape features, uncompressed (what
 ``memfit.pack`` writes by default), are read by memfit's block reader
 (:mod:`~memfit.data.read.blocks.block_reader`, planned by
-:mod:`~memfit.data.read.blocks.block_plan`), for epoch ``e``::
-
-    shard files, permuted by (seed, e), read `cycle_length` at a time round-robin
-      → the record sequence, cut into windows of a whole number of batches
-      → windows built ahead, in order, on `parallel_windows` threads (permute the
-        window's samples by (seed, e, window); read each record through a staging buffer
-        that stays in the CPU cache, check its CRC32C there and copy every sample
-        straight into its row of the aligned batches, in memfit's C loop; check frame
-        headers and tags), into the next epoch's first windows
-      → a sequential .map(numpy_function: hand over the next window)
-      → rebatch to `batch_size` → prefetch
-
-Anything else (variable-shape features, GZIP/ZLIB shards, ``reader="tf"``) is read by
-``tf.data``'s own TFRecord reader (:mod:`memfit.data.read.tf_reader`): shards interleaved
-``cycle_length`` at a time, windows of ``window_records`` records parsed in one
-``tf.io.parse_example`` and permuted by ``(seed, e, window)``, rebatched, prefetched.
+:mod:`~memfit.data.read.blocks.block_plan`); anything else (variable-shape features,
+GZIP/ZLIB shards, ``reader="tf"``) by ``tf.data``'s own TFRecord reader
+(:mod:`~memfit.data.read.tf_reader`). Each reader's module says how it orders an epoch;
+docs/data.md says it for users.
 
 ``memory_budget`` decides the window, the read parallelism and the prefetch depth from the
 record sizes in the manifest (print ``ds.memfit_plan`` to see them, and which reader).
@@ -60,7 +48,7 @@ from memfit.data.format.manifest import Manifest, Shard, Split
 from memfit.data.read import arrays_reader, tf_reader
 from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.blocks.block_layout import why_not
-from memfit.data.read.blocks.block_plan import plan_blocks, reader_plan
+from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.plan import DatasetPlan, settle_plan
 from memfit.errors import CorruptShardError
@@ -127,8 +115,8 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
         cap_arenas: cap glibc's malloc arenas at one per core for the whole process
             (:func:`memfit.memory.allocator.limit_arenas`). tf.data starts new threads for
             every pass, and each new thread may get an arena that keeps its freed
-            buffers: without the cap, a Keras training grew by ~15 MiB an epoch for its
-            first ~10 epochs (flat with it). No-op outside glibc.
+            buffers, so memory climbs for the first epochs without the cap (docs/data.md
+            measures it). No-op outside glibc.
         indices: ``.npy`` sources only: the samples to read (e.g. a train/validation part).
         cache: ``.npy`` sources only: ``"ram"`` loads the samples into memory first.
         reader: ``"auto"``: the block reader where it applies, else the TF reader;
@@ -167,14 +155,12 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
     names = tuple(features) if features is not None else tuple(manifest.features)
     plan = _choose(manifest, sp.name, shards, names, reader, where=path,
                    batch_size=batch_size, budget=budget, shuffle=shuffle, samples=samples,
-                   drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs)
-    plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
-    if plan.reader == "blocks":
-        block_reader = BlockReader(manifest, shards,
-                                   reader_plan(plan, names, drop_remainder=drop_remainder),
-                                   on_corrupt)
-        return build(block_reader, plan, features, drop_remainder=drop_remainder,
-                     sharded=shard is not None)
+                   drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs,
+                   cap_arenas=cap_arenas)
+    if isinstance(plan, BlockReaderPlan):
+        assert plan.dataset is not None
+        return build(BlockReader(manifest, shards, plan, on_corrupt), plan.dataset, features,
+                     drop_remainder=drop_remainder, sharded=shard is not None)
     return tf_reader.build(manifest, shards, plan, features, on_corrupt=on_corrupt,
                            drop_remainder=drop_remainder, sharded=shard is not None)
 
@@ -194,9 +180,9 @@ def _shards_of(split: Split, shard: tuple[int, int] | None) -> list[Shard]:
 def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[str, ...],
             reader: str, *, where: Any, batch_size: int, budget: int, shuffle: bool,
             samples: int, drop_remainder: bool, seed: int, epoch: int,
-            epochs: int | None) -> DatasetPlan:
+            epochs: int | None, cap_arenas: bool) -> BlockReaderPlan | DatasetPlan:
     """The reader (the block reader where it applies, unless ``reader="tf"``) and its
-    plan; ``reader="blocks"`` where it does not apply is an error saying why."""
+    settled plan; ``reader="blocks"`` where it does not apply is an error saying why."""
     why = "reader='tf' was asked for" if reader == "tf" else why_not(manifest, shards)
     if reader == "blocks" and why is not None:
         raise ValueError(f"The block reader cannot read {where}: {why}. Use reader='auto' or "
@@ -205,9 +191,10 @@ def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[st
                  epoch=epoch, epochs=epochs)
     if why is None:
         return plan_blocks(manifest, split, batch_size, budget, names=names, shards=shards,
-                           **order)
+                           cap_arenas=cap_arenas, **order)
     plan = tf_reader.plan_tf(manifest, split, batch_size, budget, files=len(shards), **order)
-    return dataclasses.replace(plan, reader_note=why) if reader == "auto" else plan
+    plan = dataclasses.replace(plan, reader_note=why) if reader == "auto" else plan
+    return settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
 
 
 def _present(manifest: Manifest, shards: list[Shard], on_corrupt: str) -> list[Shard]:

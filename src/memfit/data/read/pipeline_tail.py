@@ -25,7 +25,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from memfit.data.read import translate_errors
-from memfit.data.read.plan import Plan
+from memfit.data.read.plan import ReaderPlan
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -35,7 +35,7 @@ __all__ = ["finish", "warn_skipped"]
 log = logging.getLogger("memfit")
 
 
-def finish(ds: tf.data.Dataset, plan: Plan, counter: Any, *, sharded: bool,
+def finish(ds: tf.data.Dataset, plan: ReaderPlan, counter: Any, *, sharded: bool,
            check_cardinality: bool = True) -> tf.data.Dataset:
     """The common tail of memfit's pipelines. A damaged shard met while the result (or a
     dataset made from it) is read raises :class:`~memfit.errors.CorruptShardError`

@@ -1,7 +1,7 @@
-"""What a reader chose from the memory budget: the :class:`Plan` every reader's
+"""What a reader chose from the memory budget: the :class:`ReaderPlan` every reader's
 ``memfit.dataset`` returns as ``ds.memfit_plan``, and the steps every plan goes through.
 
-- :class:`Plan`: what every reader's plan tells (batches, samples, bytes, order); the
+- :class:`ReaderPlan`: what every reader's plan tells (batches, samples, bytes, order); the
   pipeline's common tail (:func:`memfit.data.read.pipeline_tail.finish`) reads it.
 - :class:`DatasetPlan`: the plan of packed TFRecord shards, read by memfit's block
   reader (:mod:`memfit.data.read.blocks.block_plan` sizes it) or by ``tf.data``'s TFRecord reader
@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 
 from memfit.sizes import format_size
 
-__all__ = ["Plan", "DatasetPlan", "MAX_CYCLE", "MAX_PREFETCH", "settle_plan",
+__all__ = ["ReaderPlan", "DatasetPlan", "MAX_CYCLE", "MAX_PREFETCH", "settle_plan",
            "steps_per_epoch", "plan_summary"]
 
 log = logging.getLogger("memfit")
@@ -33,7 +33,7 @@ MAX_CYCLE = 16                  # shards read at once
 MAX_PREFETCH = 4                # batches: the model, not the reader, is usually the bottleneck
 
 
-class Plan(Protocol):
+class ReaderPlan(Protocol):
     """What every reader's plan tells: :class:`DatasetPlan` (TFRecord shards) and
     :class:`~memfit.data.read.arrays_reader.ArraysPlan` (``.npy`` arrays) both are one."""
 
@@ -63,7 +63,7 @@ class Plan(Protocol):
     def arena_limit(self) -> int | None: ...
 
 
-P = TypeVar("P", bound=Plan)
+P = TypeVar("P", bound=ReaderPlan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +132,7 @@ class DatasetPlan:
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
 
 
-def plan_summary(plan: Plan) -> str:
+def plan_summary(plan: ReaderPlan) -> str:
     """The end of every plan's description: what an epoch yields and where the order
     starts (and the arena cap, when there is one)."""
     return (f"{plan.samples:,} samples → {plan.steps_per_epoch} steps/epoch of "

@@ -10,9 +10,9 @@ it (without memfit's C extension: every feature read into scratch buffers, then 
 into batches); ``parallel_windows`` windows are built at once, and the batches handed
 on keep their window's output alive until consumed.
 
-:func:`plan_blocks` makes the reader's part of ``ds.memfit_plan`` from the budget;
-:func:`reader_plan` turns that plan, once settled, into the :class:`BlockReaderPlan` the
-reader is built from, and the reader decides nothing again.
+:func:`plan_blocks` makes the whole plan from the budget, once: ``ds.memfit_plan`` (settled
+as every reader's plan is) inside the :class:`BlockReaderPlan` the reader is built from;
+the reader decides nothing again.
 
 Example:
     >>> outputs_alive(parallel=4, prefetch=4, batch_size=256, window=2048)
@@ -28,7 +28,13 @@ from collections.abc import Sequence
 
 from memfit.data.format.manifest import Manifest, Shard
 from memfit.data.read.blocks.block_layout import reads_into_batches, record_layout
-from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
+from memfit.data.read.plan import (
+    MAX_CYCLE,
+    MAX_PREFETCH,
+    DatasetPlan,
+    settle_plan,
+    steps_per_epoch,
+)
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
@@ -40,8 +46,8 @@ __all__ = ["BlockMemory", "BlockReaderPlan", "outputs_alive", "plan_blocks", "re
 RECORD_OVERHEAD = 96
 SAMPLE_OVERHEAD = 16
 _MAX_BUILDERS = 4               # windows the block reader builds at once
-_WINDOW_CAP = 16 * 2**20        # bytes read for one window (measured: 16 MiB ran 1.2x
-#                                 faster than 8 MiB, 32 MiB 1.1x faster again)
+_WINDOW_CAP = 16 * 2**20        # bytes read for one window: long reads, and still a window
+#                                 that stays small beside a budget (docs/data.md: figures)
 EPOCHS_KEPT = 2                 # record sequences the reader keeps (16 bytes a record)
 
 
@@ -56,7 +62,7 @@ def outputs_alive(parallel: int, prefetch: int, batch_size: int, window: int) ->
 @dataclasses.dataclass(frozen=True)
 class BlockReaderPlan:
     """Everything the block reader does, decided before it is built (by
-    :func:`reader_plan` from the settled ``ds.memfit_plan``, or by hand in a test).
+    :func:`plan_blocks`, or by hand in a test).
 
     Args:
         names: the features returned, in order.
@@ -71,6 +77,7 @@ class BlockReaderPlan:
             rebatched, prefetched): the output buffers kept for reuse.
         epochs_kept: epochs whose record sequence is kept (the one read and the next,
             which the feeder builds into ahead).
+        dataset: the plan ``ds.memfit_plan`` shows (``None`` for a reader made by hand).
     """
 
     names: tuple[str, ...]
@@ -83,18 +90,19 @@ class BlockReaderPlan:
     builders: int = 1
     outputs_alive: int = 4
     epochs_kept: int = EPOCHS_KEPT
+    dataset: DatasetPlan | None = None
 
 
 def reader_plan(plan: DatasetPlan, names: Sequence[str], *,
                 drop_remainder: bool) -> BlockReaderPlan:
-    """The block reader's plan from the settled plan of :func:`plan_blocks`.
+    """The block reader's plan from the dataset's (settled) plan.
 
     Args:
         plan: the dataset's plan, as ``ds.memfit_plan`` will show it.
         names: the features returned.
         drop_remainder: whether a last, smaller batch is dropped.
     """
-    return BlockReaderPlan(
+    return BlockReaderPlan(dataset=plan,
         names=tuple(names), seed=plan.seed, shuffle=plan.shuffle, cycle=plan.cycle_length,
         window=plan.window_samples, batch_size=plan.batch_size,
         samples=plan.steps_per_epoch * plan.batch_size if drop_remainder else plan.samples,
@@ -186,8 +194,8 @@ def _fit(memory: BlockMemory, budget: int, cycle: int) -> tuple[int, int, int]:
 
 def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                 names: Sequence[str], shards: Sequence[Shard], shuffle: bool, samples: int,
-                drop_remainder: bool, seed: int, epoch: int,
-                epochs: int | None) -> DatasetPlan:
+                drop_remainder: bool, seed: int, epoch: int, epochs: int | None,
+                cap_arenas: bool) -> BlockReaderPlan:
     """The block reader's window, parallelism and prefetch depth from a byte budget (see
     the module docstring).
 
@@ -195,7 +203,7 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
         manifest: the dataset; split: the split read; batch_size: samples per batch.
         budget: the byte budget.
         names: the features returned; shards: the shards read (a worker's share).
-        shuffle, samples, drop_remainder, seed, epoch, epochs: as for
+        shuffle, samples, drop_remainder, seed, epoch, epochs, cap_arenas: as for
             :func:`memfit.data.read.dispatch.dataset`.
     """
     k = manifest.samples_per_record
@@ -203,7 +211,7 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
     cycle = max(1, min(len(shards), MAX_CYCLE)) if shuffle else 1
     m, parallel, prefetch = _fit(memory, budget, cycle)
     window = m * batch_size
-    return DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
+    dataset = DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
                        samples=samples,
                        steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
                        memory_budget=budget,
@@ -217,3 +225,6 @@ def plan_blocks(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        else "records read into reused buffers, their samples then gathered "
                             "into batches: memfit's C extension "
                             "memfit.data.format.cwindow is not built")
+    dataset = settle_plan(dataset, batch_size=batch_size, samples=samples,
+                          cap_arenas=cap_arenas)
+    return reader_plan(dataset, names, drop_remainder=drop_remainder)
