@@ -1,5 +1,6 @@
-"""Pack arrays (.npy, memory-mapped), an .npz or a CSV file into checksummed TFRecord shards
-with a manifest.json, in a seeded shuffle order. With --format arrays, write one .npy file
+"""Pack arrays (.npy, memory-mapped), an .npz, a CSV file or TFRecord files of
+tf.train.Example records into checksummed TFRecord shards with a manifest.json, in a seeded
+shuffle order. With --format arrays, write one .npy file
 per split and feature instead (<split>/<feature>.npy, sha256 in the manifest), for
 memfit.dataset's memory-mapped reader with a global shuffle.
 
@@ -8,6 +9,7 @@ examples:
   memfit pack x=images.npy y=labels.npy -o data/arrays --format arrays --split train=0.9,val=0.1
   memfit pack data.npz -o data/all --split train=0.9,val=0.1 --shard-size 128MiB
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
+  memfit pack --tfrecord 'data/path*.tfrecords' -o data/train   # spec inferred, checked
   memfit pack x=images.npy y=labels.npy -o data/train --overwrite   # replace it, safely
 """
 
@@ -21,7 +23,7 @@ from memfit.data.packing.packer import pack
 from memfit.errors import DatasetError
 
 NAME = "pack"
-HELP = "pack arrays, an .npz or a CSV file into checksummed TFRecord shards (or .npy)"
+HELP = "pack arrays, an .npz, a CSV or TFRecord files into checksummed shards (or .npy)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="named .npy arrays (memory-mapped) or one .npz archive")
     p.add_argument("-o", "--output", required=True, help="dataset directory to write")
     p.add_argument("--csv", help="pack this CSV file (header row, numeric columns) instead")
+    p.add_argument("--tfrecord", nargs="+", action="extend", metavar="FILE|GLOB",
+                   help="pack these TFRecord files of tf.train.Example records (plain, GZIP "
+                        "or ZLIB; quote a glob) instead; the spec is inferred from them")
     p.add_argument("--format", choices=["tfrecord", "arrays"], default="tfrecord",
                    help="tfrecord: checksummed shards (default); arrays: one .npy file per "
                         "split and feature, read memory-mapped with a global shuffle")
@@ -75,11 +80,14 @@ def run(args: argparse.Namespace) -> int:
     # a parent that reset it may not have.
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    if bool(args.inputs) == bool(args.csv):
-        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, or --csv FILE (one of them). "
-                           f"Received: inputs={args.inputs}, --csv={args.csv!r}")
+    given = [bool(args.inputs), bool(args.csv), bool(args.tfrecord)]
+    if sum(given) != 1:
+        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, --csv FILE or --tfrecord "
+                           f"FILES (one of them). Received: inputs={args.inputs}, "
+                           f"--csv={args.csv!r}, --tfrecord={args.tfrecord}")
+    tfrecord = args.tfrecord[0] if args.tfrecord and len(args.tfrecord) == 1 else args.tfrecord
     result = pack(_source(args.inputs) if args.inputs else None, args.output, csv=args.csv,
-                  label=args.label, variable=args.variable, shards=args.shards,
+                  tfrecord=tfrecord, label=args.label, variable=args.variable, shards=args.shards,
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,
                   compression=None if args.compression == "none" else args.compression,
                   split=args.split, seed=args.seed, shuffle=not args.no_shuffle,

@@ -28,7 +28,7 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from memfit.data.packing.pack_shards import pack_shards, pack_stream
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.csv_table import csv_to_npy
 from memfit.data.sources.opening import open_source
+from memfit.data.sources.tfrecord_source import open_tfrecords
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
@@ -110,7 +111,9 @@ class PackResult:
 
 
 def pack(source: Any = None, output: str | os.PathLike = "", *,
-         csv: str | None = None, label: str | None = None, variable: Iterable[str] = (),
+         csv: str | None = None, label: str | None = None,
+         tfrecord: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+         variable: Iterable[str] = (),
          shards: int | None = None, shard_size: str | int | None = None,
          samples_per_record: int | None = None, compression: str | None = None,
          split: str | Mapping[str, float] | None = None, seed: int = 0, shuffle: bool = True,
@@ -132,6 +135,11 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         output: the dataset directory to write.
         csv: instead of ``source``, a CSV file with a header row (numeric columns).
         label: with ``csv``, the label column: it becomes ``y``, the rest ``x``.
+        tfrecord: instead of ``source``, TFRecord files of ``tf.train.Example`` records
+            (plain, GZIP or ZLIB): a path or glob (``"data/path*.tfrecords"``) or a list
+            of them. The feature spec is inferred from the records (serialised tensors
+            become features of their dtype and shape) and every record is checked
+            against it before anything is written.
         variable: features whose first dimension varies between samples.
         shards: the number of shards per split (exclusive with ``shard_size``).
         shard_size: the target size of one shard, e.g. ``"256MiB"``.
@@ -159,7 +167,8 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         DatasetError: for bad input, before anything is written.
     """
     started = time.perf_counter()
-    out = _check_call(source, output, csv, label)
+    inputs = {"csv": csv, "tfrecord": tfrecord}
+    out = _check_call(source, output, inputs, label)
     options = PackOptions.of(shards=shards, shard_size=shard_size,
                              samples_per_record=samples_per_record, compression=compression,
                              split=split, seed=seed, shuffle=shuffle, workers=workers,
@@ -175,9 +184,10 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     if replacing:
         check_replaceable(out)          # before anything is written
     made = check_output(out)
-    csv_dir = temporary_name(out / "csv")    # a CSV source converted to .npy, for this call
+    # a CSV source converted to .npy, compressed TFRecord files decompressed: this call's
+    csv_dir = temporary_name(out / "csv")
     try:
-        src = _open(source, csv, csv_dir, label, options)
+        src = _open(source, inputs, csv_dir, label, options)
         fingerprint = options.fingerprint(src)
         if replacing:
             manifest, kept = _replace(src, out, options, fingerprint, progress, swapped,
@@ -255,29 +265,37 @@ def _files(manifest: Manifest | ArraysManifest) -> list[str]:
     return [a.file for s in manifest.splits.values() for a in s.files.values()]
 
 
-def _check_call(source: Any, output: str | os.PathLike, csv: str | None,
+def _check_call(source: Any, output: str | os.PathLike, inputs: dict[str, Any],
                 label: str | None) -> Path:
-    """The output directory; exactly one source (``source`` or ``csv``)."""
+    """The output directory; exactly one source (``source``, ``csv``, ``tfrecord``...)."""
     if not str(output):
         raise DatasetError("pack needs an output directory. Received: output=''")
-    if (source is None) == (csv is None):
-        raise DatasetError(f"Give exactly one of source=... or csv=.... Received: "
-                           f"source={'None' if source is None else type(source).__name__}, "
-                           f"csv={csv!r}")
+    given = [k for k, v in inputs.items() if v is not None]
+    if (source is not None) + len(given) != 1:
+        listed = ", ".join(f"{k}={v!r}" for k, v in inputs.items())
+        raise DatasetError(f"Give exactly one of source=..., {'=..., '.join(inputs)}=.... "
+                           f"Received: source="
+                           f"{'None' if source is None else type(source).__name__}, {listed}")
+    csv = inputs["csv"]
     if label is not None and csv is None:
         raise DatasetError(f"label applies to CSV sources only. Received: label={label!r}")
     return Path(output)
 
 
-def _open(source: Any, csv: str | None, csv_dir: Path, label: str | None,
+def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
           options: PackOptions) -> ArraySource | StreamSource:
     """The source, checked: a CSV file is converted to ``.npy`` columns in ``csv_dir``
-    first; every split must get samples; ``format="arrays"`` takes fixed shapes only."""
-    if csv is not None:
+    first (compressed TFRecord files decompressed there); every split must get samples;
+    ``format="arrays"`` takes fixed shapes only."""
+    csv = inputs["csv"]
+    src: ArraySource | StreamSource
+    if inputs["tfrecord"] is not None:
+        src = open_tfrecords(inputs["tfrecord"], csv_dir, variable=options.variable)
+    elif csv is not None:
         if not Path(csv).is_file():
             raise DatasetError(f"No such CSV file: {csv!r}.")
         paths = csv_to_npy(csv, csv_dir, label=label)     # checks every cell first
-        src: ArraySource | StreamSource = open_source(paths)
+        src = open_source(paths)
         src.description = csv
     else:
         src = open_source(source, variable=options.variable)

@@ -7,7 +7,13 @@
 - :mod:`~memfit.data.sources.opening`: ``pack``'s ``source`` argument (a dict of arrays or
   ``.npy`` paths, an ``.npz`` or ``.npy`` file, an iterable) opened as one of them.
 - :mod:`~memfit.data.sources.csv_table`: a CSV file converted to ``.npy`` columns.
+- :mod:`~memfit.data.sources.tfrecord_source`: TFRecord files of ``tf.train.Example``
+  records (plain, GZIP, ZLIB), their spec inferred and every record checked by a first
+  pass, then read record by record (an ``ArraySource`` with the same members).
+- :mod:`~memfit.data.sources.example_proto`: the ``tf.train.Example`` and
+  ``TensorProto`` bytes of other programs' records, decoded without TensorFlow.
 
-A new kind of input (TFRecord files, a folder of images, a Parquet table) is a module
-here that gives an ``ArraySource`` or a ``StreamSource``; the packers do not change.
+A new kind of input (a folder of images, a Parquet table) is a module here that gives an
+``ArraySource`` or a ``StreamSource`` (or a class with the same members); the packers do
+not change.
 """
