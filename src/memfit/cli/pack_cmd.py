@@ -10,6 +10,7 @@ examples:
   memfit pack data.npz -o data/all --split train=0.9,val=0.1 --shard-size 128MiB
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
   memfit pack --tfrecord 'data/path*.tfrecords' -o data/train   # spec inferred, checked
+  memfit pack --images photos/ --image-size 128,128 -o data/photos   # photos/<class>/*.jpg
   memfit pack x=images.npy y=labels.npy -o data/train --overwrite   # replace it, safely
 """
 
@@ -35,6 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tfrecord", nargs="+", action="extend", metavar="FILE|GLOB",
                    help="pack these TFRecord files of tf.train.Example records (plain, GZIP "
                         "or ZLIB; quote a glob) instead; the spec is inferred from them")
+    p.add_argument("--images", metavar="FOLDER",
+                   help="pack this folder of images in class sub-folders instead (JPEG, "
+                        "PNG, BMP, GIF; labels from the sorted sub-folder names, as "
+                        "keras.utils.image_dataset_from_directory)")
+    p.add_argument("--image-size", metavar="H,W",
+                   help="with --images: the height and width images are resized to "
+                        "(bilinear, as Keras)")
+    p.add_argument("--crop-to-aspect-ratio", action="store_true",
+                   help="with --images: crop each image (centred) to the aspect ratio of "
+                        "--image-size before resizing")
+    p.add_argument("--on-corrupt", choices=["raise", "skip"], default="raise",
+                   help="with --images: a file that does not decode stops the pack "
+                        "(raise, default) or is left out with a warning (skip)")
     p.add_argument("--format", choices=["tfrecord", "arrays"], default="tfrecord",
                    help="tfrecord: checksummed shards (default); arrays: one .npy file per "
                         "split and feature, read memory-mapped with a global shuffle")
@@ -80,14 +94,17 @@ def run(args: argparse.Namespace) -> int:
     # a parent that reset it may not have.
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    given = [bool(args.inputs), bool(args.csv), bool(args.tfrecord)]
+    given = [bool(args.inputs), bool(args.csv), bool(args.tfrecord), bool(args.images)]
     if sum(given) != 1:
-        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, --csv FILE or --tfrecord "
-                           f"FILES (one of them). Received: inputs={args.inputs}, "
-                           f"--csv={args.csv!r}, --tfrecord={args.tfrecord}")
+        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, --csv FILE, --tfrecord "
+                           f"FILES or --images FOLDER (one of them). Received: "
+                           f"inputs={args.inputs}, --csv={args.csv!r}, "
+                           f"--tfrecord={args.tfrecord}, --images={args.images!r}")
     tfrecord = args.tfrecord[0] if args.tfrecord and len(args.tfrecord) == 1 else args.tfrecord
     result = pack(_source(args.inputs) if args.inputs else None, args.output, csv=args.csv,
-                  tfrecord=tfrecord, label=args.label, variable=args.variable, shards=args.shards,
+                  tfrecord=tfrecord, images=args.images, image_size=args.image_size,
+                  crop_to_aspect_ratio=args.crop_to_aspect_ratio, on_corrupt=args.on_corrupt,
+                  label=args.label, variable=args.variable, shards=args.shards,
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,
                   compression=None if args.compression == "none" else args.compression,
                   split=args.split, seed=args.seed, shuffle=not args.no_shuffle,

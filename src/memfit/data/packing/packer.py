@@ -57,6 +57,7 @@ from memfit.data.packing.pack_replace import (
 from memfit.data.packing.pack_shards import pack_shards, pack_stream
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.csv_table import csv_to_npy
+from memfit.data.sources.image_source import open_images
 from memfit.data.sources.opening import open_source
 from memfit.data.sources.tfrecord_source import open_tfrecords
 from memfit.errors import DatasetError
@@ -113,6 +114,8 @@ class PackResult:
 def pack(source: Any = None, output: str | os.PathLike = "", *,
          csv: str | None = None, label: str | None = None,
          tfrecord: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+         images: str | os.PathLike | None = None, image_size: Any = None,
+         crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
          variable: Iterable[str] = (),
          shards: int | None = None, shard_size: str | int | None = None,
          samples_per_record: int | None = None, compression: str | None = None,
@@ -140,6 +143,18 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
             of them. The feature spec is inferred from the records (serialised tensors
             become features of their dtype and shape) and every record is checked
             against it before anything is written.
+        images: instead of ``source``, a folder of images in class sub-folders (what
+            ``keras.utils.image_dataset_from_directory`` reads): features ``image``
+            (uint8, ``image_size`` × 3) and ``label`` (int64, the index of the sorted
+            class names, which the manifest's ``source`` lists).
+        image_size: with ``images``: ``(height, width)`` or ``"128,128"``; images are
+            resized bilinearly as Keras resizes them.
+        crop_to_aspect_ratio: with ``images``: crop each image (centred) to the aspect
+            ratio of ``image_size`` before resizing, as Keras's option of that name.
+        on_corrupt: with ``images``: ``"raise"`` (a file that does not decode stops the
+            pack, naming it, and nothing is left) or ``"skip"`` (every file is decoded
+            once ahead; those that do not decode are left out with one warning line, and
+            the manifest's ``source`` counts and names them).
         variable: features whose first dimension varies between samples.
         shards: the number of shards per split (exclusive with ``shard_size``).
         shard_size: the target size of one shard, e.g. ``"256MiB"``.
@@ -167,8 +182,8 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         DatasetError: for bad input, before anything is written.
     """
     started = time.perf_counter()
-    inputs = {"csv": csv, "tfrecord": tfrecord}
-    out = _check_call(source, output, inputs, label)
+    inputs = {"csv": csv, "tfrecord": tfrecord, "images": images}
+    out = _check_call(source, output, inputs, label, image_size)
     options = PackOptions.of(shards=shards, shard_size=shard_size,
                              samples_per_record=samples_per_record, compression=compression,
                              split=split, seed=seed, shuffle=shuffle, workers=workers,
@@ -187,7 +202,9 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     # a CSV source converted to .npy, compressed TFRecord files decompressed: this call's
     csv_dir = temporary_name(out / "csv")
     try:
-        src = _open(source, inputs, csv_dir, label, options)
+        src = _open(source, inputs, csv_dir, label, options,
+                    dict(image_size=image_size, crop_to_aspect_ratio=crop_to_aspect_ratio,
+                         on_corrupt=on_corrupt))
         fingerprint = options.fingerprint(src)
         if replacing:
             manifest, kept = _replace(src, out, options, fingerprint, progress, swapped,
@@ -266,7 +283,7 @@ def _files(manifest: Manifest | ArraysManifest) -> list[str]:
 
 
 def _check_call(source: Any, output: str | os.PathLike, inputs: dict[str, Any],
-                label: str | None) -> Path:
+                label: str | None, image_size: Any) -> Path:
     """The output directory; exactly one source (``source``, ``csv``, ``tfrecord``...)."""
     if not str(output):
         raise DatasetError("pack needs an output directory. Received: output=''")
@@ -279,11 +296,16 @@ def _check_call(source: Any, output: str | os.PathLike, inputs: dict[str, Any],
     csv = inputs["csv"]
     if label is not None and csv is None:
         raise DatasetError(f"label applies to CSV sources only. Received: label={label!r}")
+    if (inputs["images"] is None) != (image_size is None):
+        raise DatasetError(f"images and image_size go together: the folder and the "
+                           f"(height, width) to resize to, e.g. images='photos/', "
+                           f"image_size=(128, 128). Received: images={inputs['images']!r}, "
+                           f"image_size={image_size!r}")
     return Path(output)
 
 
 def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
-          options: PackOptions) -> ArraySource | StreamSource:
+          options: PackOptions, image_options: dict[str, Any]) -> ArraySource | StreamSource:
     """The source, checked: a CSV file is converted to ``.npy`` columns in ``csv_dir``
     first (compressed TFRecord files decompressed there); every split must get samples;
     ``format="arrays"`` takes fixed shapes only."""
@@ -291,6 +313,8 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
     src: ArraySource | StreamSource
     if inputs["tfrecord"] is not None:
         src = open_tfrecords(inputs["tfrecord"], csv_dir, variable=options.variable)
+    elif inputs["images"] is not None:
+        src = open_images(inputs["images"], **image_options)
     elif csv is not None:
         if not Path(csv).is_file():
             raise DatasetError(f"No such CSV file: {csv!r}.")

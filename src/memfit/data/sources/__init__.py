@@ -13,7 +13,10 @@
 - :mod:`~memfit.data.sources.example_proto`: the ``tf.train.Example`` and
   ``TensorProto`` bytes of other programs' records, decoded without TensorFlow.
 
-A new kind of input (a folder of images, a Parquet table) is a module here that gives an
+- :mod:`~memfit.data.sources.image_source`: a folder of images in class sub-folders,
+  listed, decoded (Pillow, a thread per core) and resized as Keras does.
+
+A new kind of input (a Parquet table) is a module here that gives an
 ``ArraySource`` or a ``StreamSource`` (or a class with the same members); the packers do
 not change.
 """

@@ -1,0 +1,270 @@
+"""A folder of images in class sub-folders (``photos/cat/*.jpg``, ``photos/dog/*.jpg``,
+what ``keras.utils.image_dataset_from_directory`` reads) as a source.
+
+Files are listed as Keras lists them: the class names are the sorted sub-folder names
+(hidden ones left out), each class's files are found by walking its folder (sorted, links
+not followed) and kept when their name ends in ``.bmp``, ``.gif``, ``.jpeg``, ``.jpg`` or
+``.png`` (any case). The features are ``image`` (uint8, height × width × 3) and ``label``
+(int64, the class's index). Images are decoded with Pillow (RGB, an animation's first
+frame) on a thread per core and resized as Keras resizes them: TensorFlow's bilinear
+``tf.image.resize`` (half-pixel centres, no antialiasing), reproduced in NumPy, after a
+centred crop to the target's aspect ratio with ``crop_to_aspect_ratio``. Keras keeps the
+float32 result; memfit rounds it to uint8.
+
+Example:
+    >>> import tempfile
+    >>> from PIL import Image
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for cls in ("cat", "dog"):
+    ...     (d / cls).mkdir()
+    ...     Image.new("RGB", (8, 6), (200, 10, 10)).save(d / cls / "a.png")
+    >>> src = open_images(d, (4, 4))
+    >>> src.class_names, src.length, src.features["image"].shape
+    (['cat', 'dog'], 2, (4, 4, 3))
+    >>> rows = src.take(np.array([1, 0]))
+    >>> rows["label"].tolist(), rows["image"][0, 0, 0].tolist()
+    ([1, 0], [200, 10, 10])
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memfit.data.format.manifest import Feature
+from memfit.data.sources.columns import ArraySource, Columns
+from memfit.errors import DatasetError
+
+__all__ = ["ImageFolderSource", "open_images", "list_images", "resize_bilinear",
+           "parse_image_size", "IMAGE_FORMATS"]
+
+IMAGE_FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")     # Keras's allow-list
+
+
+def parse_image_size(value: Any) -> tuple[int, int]:
+    """``(height, width)`` from ``"128,128"`` or a pair of positive integers.
+
+    Example:
+        >>> parse_image_size("128,96")
+        (128, 96)
+    """
+    parts = value.replace("x", ",").split(",") if isinstance(value, str) else value
+    try:
+        h, w = (int(p) for p in parts)
+        if h < 1 or w < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise DatasetError(f"image_size must be two positive integers, height and width "
+                           f"(e.g. '128,128'). Received: image_size={value!r}") from None
+    return h, w
+
+
+def list_images(folder: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
+    """The class names and ``(path, label)`` of every image, in Keras's order.
+
+    Raises:
+        DatasetError: for a folder that does not exist, holds no class sub-folders, or
+            no images in them.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise DatasetError(f"No such folder of images: {str(root)!r}. Give a folder with "
+                           f"one sub-folder of images per class. Received: images={str(root)!r}")
+    classes = [d for d in sorted(os.listdir(root))
+               if (root / d).is_dir() and not d.startswith(".")]
+    if not classes:
+        loose = [f for f in os.listdir(root) if f.lower().endswith(IMAGE_FORMATS)]
+        what = f"{len(loose)} images but no class sub-folders" if loose else "no class " \
+            "sub-folders"
+        raise DatasetError(f"The folder {str(root)!r} holds {what}: memfit (like "
+                           f"keras.utils.image_dataset_from_directory) takes the labels from "
+                           f"sub-folders, one per class (e.g. {str(root)}/cat/*.jpg, "
+                           f"{str(root)}/dog/*.jpg).")
+    files = []
+    for label, name in enumerate(classes):
+        walk = sorted(os.walk(root / name), key=lambda x: x[0])
+        for directory, _, names in walk:
+            files += [(os.path.join(directory, f), label) for f in sorted(names)
+                      if f.lower().endswith(IMAGE_FORMATS)]
+    if not files:
+        raise DatasetError(f"The class sub-folders of {str(root)!r} ({', '.join(classes[:5])}"
+                           f"{' ...' if len(classes) > 5 else ''}) hold no images: memfit "
+                           f"reads files ending in {', '.join(IMAGE_FORMATS)}.")
+    return classes, files
+
+
+def _axis_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TensorFlow's bilinear sampling along one axis: lower and upper source index and
+    the weight of the upper one (half-pixel centres)."""
+    scale = n_in / n_out
+    x = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * np.float32(scale) \
+        - np.float32(0.5)
+    floor = np.floor(x)
+    lower = np.maximum(floor, 0).astype(np.intp)
+    upper = np.minimum(np.ceil(x), n_in - 1).astype(np.intp)
+    return lower, upper, (x - floor).astype(np.float32)
+
+
+def resize_bilinear(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``tf.image.resize(image, size, "bilinear")`` in NumPy: float32 ``(h, w, c)``.
+
+    Example:
+        >>> resize_bilinear(np.array([[[0], [10]]], np.uint8), (1, 4))[0, :, 0].tolist()
+        [0.0, 2.5, 7.5, 10.0]
+    """
+    h, w = size
+    y0, y1, wy = _axis_weights(image.shape[0], h)
+    x0, x1, wx = _axis_weights(image.shape[1], w)
+    img = image.astype(np.float32)
+    top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * wx[None, :, None]
+    bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * wx[None, :, None]
+    return top + (bottom - top) * wy[:, None, None]
+
+
+def _crop_box(height: int, width: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Keras's ``smart_resize`` crop: the largest centred box of the target's aspect."""
+    th, tw = size
+    ch = max(min(height, int(float(width * th) / tw)), 1)
+    cw = max(min(width, int(float(height * tw) / th)), 1)
+    return int(float(height - ch) / 2), int(float(width - cw) / 2), ch, cw
+
+
+def load_image(path: str, size: tuple[int, int], crop: bool) -> np.ndarray:
+    """One image decoded (RGB), cropped if asked and resized: uint8 ``(h, w, 3)``.
+
+    Raises:
+        OSError, ValueError: Pillow's error for a file that does not decode.
+    """
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.seek(0)
+        rgb = np.asarray(im.convert("RGB"))
+    if crop:
+        top, left, ch, cw = _crop_box(rgb.shape[0], rgb.shape[1], size)
+        rgb = rgb[top:top + ch, left:left + cw]
+    if rgb.shape[:2] == tuple(size):
+        return np.ascontiguousarray(rgb)
+    out = resize_bilinear(rgb, size)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+class ImageFolderSource(ArraySource):
+    """Images in class sub-folders, decoded and resized when the packer reads them.
+
+    It has the members of :class:`~memfit.data.sources.columns.ArraySource` (random
+    access, known length), so either packer writes it.
+
+    Args:
+        folder: the folder of class sub-folders.
+        image_size: ``(height, width)`` of the packed images.
+        crop_to_aspect_ratio: crop each image to the target's aspect ratio (centred)
+            before resizing, as Keras's option of that name; else it is stretched.
+        on_corrupt: ``"raise"``: a file that does not decode stops the pack (naming it);
+            ``"skip"``: every file is decoded once ahead, those that do not decode are
+            left out, named in one warning line and counted in the manifest.
+        workers: decoding threads (default: one per core).
+    """
+
+    random_access = True
+
+    def __init__(self, folder: str | os.PathLike, image_size: Any, *,
+                 crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
+                 workers: int | None = None):
+        if on_corrupt not in ("raise", "skip"):
+            raise DatasetError(f"on_corrupt must be 'raise' or 'skip'. "
+                               f"Received: on_corrupt={on_corrupt!r}")
+        self.folder = str(folder)
+        self.size = parse_image_size(image_size)
+        self.crop = bool(crop_to_aspect_ratio)
+        self.workers = workers or os.cpu_count() or 1
+        self.class_names, files = list_images(folder)
+        self.skipped: list[str] = []
+        if on_corrupt == "skip":
+            files = self._decodable(files)
+        self.files = [p for p, _ in files]
+        self.labels = np.array([label for _, label in files], np.int64)
+        self.length = len(self.files)
+        self.paths: dict[str, str] = {}                       # nothing to memory-map
+        self.features = {"image": Feature("image", "uint8", (*self.size, 3)),
+                         "label": Feature("label", "int64", ())}
+        self.columns: Columns = dict.fromkeys(self.features)  # names only: see take
+        crop = ", crop_to_aspect_ratio" if self.crop else ""
+        skipped = f"; skipped {len(self.skipped)} files that do not decode: " \
+            f"{json.dumps(self.skipped)}" if self.skipped else ""
+        self.description = (f"images {self.folder} ({self.length:,} files, classes "
+                            f"{json.dumps(self.class_names)} → label 0..."
+                            f"{len(self.class_names) - 1}; image_size {self.size[0]}x"
+                            f"{self.size[1]}, bilinear{crop}{skipped})")
+
+    def _decodable(self, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The files that decode (each decoded once, in parallel); the others are named
+        in one warning line."""
+        def ok(path: str) -> str | None:
+            try:
+                load_image(path, (1, 1), False)
+                return None
+            except (OSError, ValueError, SyntaxError) as e:
+                return f"{path} ({e})"
+
+        with cf.ThreadPoolExecutor(self.workers) as pool:
+            problems = list(pool.map(ok, [p for p, _ in files]))
+        self.skipped = [p for (p, _), bad in zip(files, problems, strict=True) if bad]
+        if not self.skipped:
+            return files
+        kept = [f for f, bad in zip(files, problems, strict=True) if not bad]
+        shown = "; ".join(b for b in problems if b)
+        if len(shown) > 500:
+            shown = shown[:497] + "..."
+        print(f"memfit: WARNING: skipped {len(self.skipped)} of {len(files)} images "
+              f"that do not decode (on_corrupt='skip'): {shown}", file=sys.stderr, flush=True)
+        if not kept:
+            raise DatasetError(f"None of the {len(files)} images in {self.folder!r} "
+                               f"decodes; nothing to pack.")
+        return kept
+
+    def take(self, indices: np.ndarray) -> Columns:
+        """The images at ``indices``, decoded and resized on ``workers`` threads."""
+        indices = np.asarray(indices, np.int64)
+
+        def one(i: int) -> np.ndarray:
+            try:
+                return load_image(self.files[i], self.size, self.crop)
+            except (OSError, ValueError, SyntaxError) as e:
+                raise DatasetError(f"Image {self.files[i]!r} does not decode ({e}). Delete "
+                                   f"or replace it, or pack with on_corrupt='skip' "
+                                   f"(--on-corrupt skip) to leave it out.") from None
+
+        images = np.empty((len(indices), *self.size, 3), np.uint8)
+        with cf.ThreadPoolExecutor(self.workers) as pool:
+            for row, img in enumerate(pool.map(one, indices.tolist())):
+                images[row] = img
+        return {"image": images, "label": self.labels[indices]}
+
+    def release_pages(self) -> None:
+        """Nothing is memory-mapped."""
+
+    def fingerprint(self) -> str:
+        """The files (path, size, mtime), their labels and the options."""
+        h = hashlib.sha256(self.description.encode())
+        for path in self.files:
+            st = os.stat(path)
+            h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
+
+def open_images(folder: str | os.PathLike, image_size: Sequence[int] | str, *,
+                crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
+                workers: int | None = None) -> ImageFolderSource:
+    """A folder of images in class sub-folders opened as a source (see the module
+    docstring); the arguments are :class:`ImageFolderSource`'s."""
+    return ImageFolderSource(folder, image_size, crop_to_aspect_ratio=crop_to_aspect_ratio,
+                             on_corrupt=on_corrupt, workers=workers)

@@ -1,0 +1,150 @@
+"""A folder of images in class sub-folders as a pack source, compared with
+keras.utils.image_dataset_from_directory on small generated folders."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import memfit
+from memfit.data.format.manifest import Manifest
+from memfit.errors import DatasetError
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def make_folder(root: Path, per_class=5, seed=0, formats=("png", "bmp", "gif", "jpg")):
+    """Classes named so that sorting matters; images of several sizes and modes."""
+    rng = np.random.default_rng(seed)
+    for c, cls in enumerate(["zebra", "Cat", "dog"]):
+        (root / cls / "sub").mkdir(parents=True)
+        for i in range(per_class):
+            h, w = int(rng.integers(9, 40)), int(rng.integers(9, 40))
+            pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            img = Image.fromarray(pixels)
+            if i == 1:
+                img = img.convert("L")                     # grayscale → RGB
+            fmt = formats[(c + i) % len(formats)]
+            suffix = fmt.upper() if i == 3 else fmt
+            where = root / cls / ("sub" if i == 2 else "") / f"img{i}.{suffix}"
+            img.save(where, quality=95) if fmt == "jpg" else img.save(where)
+    (root / "zebra" / "notes.txt").write_text("not an image")
+    return root
+
+
+def _keras(root, size, crop, **kw):
+    import keras
+
+    ds = keras.utils.image_dataset_from_directory(root, image_size=size, shuffle=False,
+                                                  batch_size=64, crop_to_aspect_ratio=crop,
+                                                  label_mode="int", **kw)
+    images, labels = [], []
+    for x, y in ds:
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return ds.class_names, np.concatenate(images), np.concatenate(labels), ds.file_paths
+
+
+@pytest.mark.parametrize("crop", [False, True])
+def test_same_labels_class_order_and_pixels_as_keras(tmp_path, crop):
+    root = make_folder(tmp_path / "photos", formats=("png", "bmp", "gif"))
+    size = (16, 12)
+    names, k_images, k_labels, k_files = _keras(root, size, crop)
+    memfit.pack(images=root, image_size=size, crop_to_aspect_ratio=crop,
+                output=tmp_path / "ds", shuffle=False, progress=False)
+    m = Manifest.load(tmp_path / "ds")
+    assert '["Cat", "dog", "zebra"]' in m.source and names == ["Cat", "dog", "zebra"]
+    assert m.features["image"].shape == (16, 12, 3) and m.features["image"].dtype == "uint8"
+    ds = memfit.dataset(tmp_path / "ds", 64, shuffle=False, epochs=1)
+    batch = next(iter(ds))
+    images, labels = batch["image"].numpy(), batch["label"].numpy()
+    assert labels.dtype == np.int64 and labels.tolist() == k_labels.tolist()
+    # lossless formats: Keras keeps float32, memfit rounds it to uint8
+    assert np.abs(images.astype(np.float32) - k_images).max() <= 0.5 + 1e-3
+
+
+def test_jpeg_decodes_close_to_tensorflow(tmp_path):
+    root = make_folder(tmp_path / "photos", formats=("jpg",))
+    _, k_images, _, _ = _keras(root, (20, 20), False)
+    memfit.pack(images=root, image_size="20,20", output=tmp_path / "ds", shuffle=False,
+                progress=False)
+    images = next(iter(memfit.dataset(tmp_path / "ds", 64, shuffle=False, epochs=1)))["image"]
+    diff = np.abs(images.numpy().astype(np.float32) - k_images)
+    # Pillow's and TensorFlow's JPEG decoders differ (chroma upsampling); on these noise
+    # images: mean 1.33, max 6.75 of 255
+    assert diff.mean() < 1.5 and diff.max() <= 8
+
+
+def _digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.iterdir())}
+
+
+def test_shuffled_pack_has_every_image_once_and_reruns_byte_identical(tmp_path):
+    root = make_folder(tmp_path / "photos", per_class=7)
+    for out in ("a", "b"):
+        memfit.pack(images=root, image_size=(8, 8), output=tmp_path / out,
+                    split="train=0.7,val=0.3", progress=False)
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    labels = []
+    for split in ("train", "val"):
+        for b in memfit.dataset(tmp_path / "a", 8, split=split, shuffle=False, epochs=1):
+            labels += b["label"].numpy().tolist()
+    assert sorted(labels) == [0] * 7 + [1] * 7 + [2] * 7
+
+
+def _corrupt(root: Path) -> Path:
+    bad = root / "dog" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG")
+    return bad
+
+
+def test_a_file_that_does_not_decode_stops_the_pack_or_is_skipped(tmp_path, capsys):
+    root = make_folder(tmp_path / "photos")
+    bad = _corrupt(root)
+    with pytest.raises(DatasetError, match=r"broken\.jpg.*does not decode.*on_corrupt"):
+        memfit.pack(images=root, image_size=(8, 8), output=tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
+    result = memfit.pack(images=root, image_size=(8, 8), output=tmp_path / "ds",
+                         on_corrupt="skip", progress=False)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "WARNING" in ln]
+    assert len(err) == 1 and str(bad) in err[0] and "skipped 1 of 16" in err[0]
+    assert result.samples == 15
+    assert "skipped 1 files that do not decode" in Manifest.load(tmp_path / "ds").source
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "memfit", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bad_input_is_one_line_exit_2_and_nothing_left(tmp_path):
+    make_folder(tmp_path / "photos", per_class=2)
+    _corrupt(tmp_path / "photos")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "flat" / "a.png")
+    (tmp_path / "noimages" / "cat").mkdir(parents=True)
+    before = set(os.listdir(tmp_path))
+    cases = [(["--images", "nowhere", "--image-size", "8,8"], "No such folder of images"),
+             (["--images", "empty", "--image-size", "8,8"], "no class sub-folders"),
+             (["--images", "flat", "--image-size", "8,8"], "1 images but no class sub-folders"),
+             (["--images", "noimages", "--image-size", "8,8"], "hold no images"),
+             (["--images", "photos", "--image-size", "8x0"], "image_size must be two positive"),
+             (["--images", "photos"], "images and image_size go together"),
+             (["--images", "photos", "--image-size", "8,8"], "broken.jpg' does not decode")]
+    for args, words in cases:
+        r = _run("pack", *args, "-o", "out", "--quiet", cwd=tmp_path)
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("memfit")]
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and len(lines) == 1 and words in lines[0], r.stderr
+    assert set(os.listdir(tmp_path)) == before
+    r = _run("pack", "--images", "photos", "--image-size", "8,8", "--on-corrupt", "skip",
+             "-o", "out", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0 and "packed 6 samples" in r.stdout, r.stderr
+    assert r.stderr.count("WARNING") == 1
