@@ -1,4 +1,4 @@
-"""Fitting the estimator's constants (:data:`memfit.estimate.estimator.FITTED`) on measured
+"""Fitting the estimator's constants (:data:`memfit.estimate.fitted.FITTED`) on measured
 cases, shared by ``estimate_accuracy.py --fit`` and ``estimate_families.py --kfold``.
 
 A case is ``(features, measured)``: :meth:`memfit.estimate.Estimator.features` at its batch
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from memfit.estimate.estimator import FIT_TERMS, predict_from_features
+from memfit.estimate.fitted import FIT_TERMS, predict_from_features
 
 Row = tuple[dict, int]
 

@@ -25,7 +25,7 @@ from estimate_family_models import FAMILIES  # noqa: E402
 
 
 def main() -> None:
-    from memfit.estimate.estimator import FITTED, predict_from_features
+    from memfit.estimate.fitted import FITTED, predict_from_features
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,7 +10,7 @@ import pytest
 
 from memfit.estimate import EstimateError, Estimator, measure_training
 from memfit.estimate.band import BANDS
-from memfit.estimate.estimator import FIT_TERMS, FITTED, predict_from_features
+from memfit.estimate.fitted import FIT_TERMS, FITTED, predict_from_features
 from memfit.estimate.measure import _child_env
 from memfit.estimate.training import KERNELS, kernels_of
 from memfit.memory.allocator import (

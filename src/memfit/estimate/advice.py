@@ -8,14 +8,29 @@ alone is over the budget, nothing about the model can help, and that is all it s
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
+from memfit.estimate.layers import LayerRow
+from memfit.estimate.memory_estimate import Estimate
 from memfit.sizes import format_size
 
-__all__ = ["advice"]
+__all__ = ["advice", "Reestimates"]
 
 
-def advice(est: Any, e: Any, budget: int, best: int) -> list[str]:
+class Reestimates(Protocol):
+    """What advice asks of the estimator that made the estimate
+    (:class:`~memfit.estimate.estimator.Estimator` is one)."""
+
+    pipeline: int
+    layers: Sequence[LayerRow]
+
+    def high(self, batch_size: int) -> int:
+        """The high end of the estimate at ``batch_size``."""
+        ...
+
+
+def advice(est: Reestimates, e: Estimate, budget: int, best: int) -> list[str]:
     """What to change when batch ``e.batch_size`` is not sure to fit ``budget``.
 
     Example:
@@ -24,8 +39,9 @@ def advice(est: Any, e: Any, budget: int, best: int) -> list[str]:
         ['use batch size 212 or smaller (batch 512 needs up to 2.3 GiB, ...)', ...]
 
     Args:
-        est: the :class:`~memfit.estimate.estimator.Estimator` that made ``e``.
-        e: the :class:`~memfit.estimate.estimator.Estimate` at the batch asked about.
+        est: the estimator that made ``e`` (an
+            :class:`~memfit.estimate.estimator.Estimator`).
+        e: the :class:`~memfit.estimate.memory_estimate.Estimate` at the batch asked about.
         budget: bytes.
         best: the largest batch whose high end fits ``budget`` (0: none).
     """
