@@ -11,6 +11,7 @@ examples:
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
   memfit pack --tfrecord 'data/path*.tfrecords' -o data/train   # spec inferred, checked
   memfit pack --images photos/ --image-size 128,128 -o data/photos   # photos/<class>/*.jpg
+  memfit pack --parquet table.parquet --label target -o data/table   # needs memfit[parquet]
   memfit pack x=images.npy y=labels.npy -o data/train --overwrite   # replace it, safely
 """
 
@@ -36,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tfrecord", nargs="+", action="extend", metavar="FILE|GLOB",
                    help="pack these TFRecord files of tf.train.Example records (plain, GZIP "
                         "or ZLIB; quote a glob) instead; the spec is inferred from them")
+    p.add_argument("--parquet", metavar="FILE",
+                   help="pack this Parquet file instead (numeric and fixed-length list "
+                        "columns, read row group by row group; needs memfit[parquet])")
     p.add_argument("--images", metavar="FOLDER",
                    help="pack this folder of images in class sub-folders instead (JPEG, "
                         "PNG, BMP, GIF; labels from the sorted sub-folder names, as "
@@ -52,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["tfrecord", "arrays"], default="tfrecord",
                    help="tfrecord: checksummed shards (default); arrays: one .npy file per "
                         "split and feature, read memory-mapped with a global shuffle")
-    p.add_argument("--label", help="with --csv: the label column (becomes y; the rest x)")
+    p.add_argument("--label", help="with --csv or --parquet: the label column (becomes y; "
+                                   "the other numeric columns x)")
     p.add_argument("--variable", action="append", default=[], metavar="NAME",
                    help="a feature whose first dimension varies (repeatable)")
     group = p.add_mutually_exclusive_group()
@@ -94,15 +99,18 @@ def run(args: argparse.Namespace) -> int:
     # a parent that reset it may not have.
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    given = [bool(args.inputs), bool(args.csv), bool(args.tfrecord), bool(args.images)]
+    given = [bool(args.inputs), bool(args.csv), bool(args.parquet), bool(args.tfrecord),
+             bool(args.images)]
     if sum(given) != 1:
-        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, --csv FILE, --tfrecord "
-                           f"FILES or --images FOLDER (one of them). Received: "
+        raise DatasetError(f"Give NAME=FILE.npy inputs, an .npz, --csv FILE, --parquet FILE, "
+                           f"--tfrecord FILES or --images FOLDER (one of them). Received: "
                            f"inputs={args.inputs}, --csv={args.csv!r}, "
-                           f"--tfrecord={args.tfrecord}, --images={args.images!r}")
+                           f"--parquet={args.parquet!r}, --tfrecord={args.tfrecord}, "
+                           f"--images={args.images!r}")
     tfrecord = args.tfrecord[0] if args.tfrecord and len(args.tfrecord) == 1 else args.tfrecord
     result = pack(_source(args.inputs) if args.inputs else None, args.output, csv=args.csv,
-                  tfrecord=tfrecord, images=args.images, image_size=args.image_size,
+                  parquet=args.parquet, tfrecord=tfrecord, images=args.images,
+                  image_size=args.image_size,
                   crop_to_aspect_ratio=args.crop_to_aspect_ratio, on_corrupt=args.on_corrupt,
                   label=args.label, variable=args.variable, shards=args.shards,
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,

@@ -59,6 +59,7 @@ from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.csv_table import csv_to_npy
 from memfit.data.sources.image_source import open_images
 from memfit.data.sources.opening import open_source
+from memfit.data.sources.parquet_source import open_parquet
 from memfit.data.sources.tfrecord_source import open_tfrecords
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
@@ -114,6 +115,7 @@ class PackResult:
 def pack(source: Any = None, output: str | os.PathLike = "", *,
          csv: str | None = None, label: str | None = None,
          tfrecord: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+         parquet: str | os.PathLike | None = None,
          images: str | os.PathLike | None = None, image_size: Any = None,
          crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
          variable: Iterable[str] = (),
@@ -137,7 +139,10 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
             each; its length need not be known).
         output: the dataset directory to write.
         csv: instead of ``source``, a CSV file with a header row (numeric columns).
-        label: with ``csv``, the label column: it becomes ``y``, the rest ``x``.
+        label: with ``csv`` or ``parquet``, the label column: it becomes ``y``, the
+            other numeric columns ``x`` (Parquet list columns: features of their names).
+        parquet: instead of ``source``, a Parquet file (needs ``memfit[parquet]``), read
+            row group by row group into ``.npy`` columns and packed as a CSV file is.
         tfrecord: instead of ``source``, TFRecord files of ``tf.train.Example`` records
             (plain, GZIP or ZLIB): a path or glob (``"data/path*.tfrecords"``) or a list
             of them. The feature spec is inferred from the records (serialised tensors
@@ -182,7 +187,7 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         DatasetError: for bad input, before anything is written.
     """
     started = time.perf_counter()
-    inputs = {"csv": csv, "tfrecord": tfrecord, "images": images}
+    inputs = {"csv": csv, "parquet": parquet, "tfrecord": tfrecord, "images": images}
     out = _check_call(source, output, inputs, label, image_size)
     options = PackOptions.of(shards=shards, shard_size=shard_size,
                              samples_per_record=samples_per_record, compression=compression,
@@ -293,9 +298,9 @@ def _check_call(source: Any, output: str | os.PathLike, inputs: dict[str, Any],
         raise DatasetError(f"Give exactly one of source=..., {'=..., '.join(inputs)}=.... "
                            f"Received: source="
                            f"{'None' if source is None else type(source).__name__}, {listed}")
-    csv = inputs["csv"]
-    if label is not None and csv is None:
-        raise DatasetError(f"label applies to CSV sources only. Received: label={label!r}")
+    if label is not None and inputs["csv"] is None and inputs["parquet"] is None:
+        raise DatasetError(f"label applies to CSV and Parquet sources only. "
+                           f"Received: label={label!r}")
     if (inputs["images"] is None) != (image_size is None):
         raise DatasetError(f"images and image_size go together: the folder and the "
                            f"(height, width) to resize to, e.g. images='photos/', "
@@ -315,6 +320,8 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
         src = open_tfrecords(inputs["tfrecord"], csv_dir, variable=options.variable)
     elif inputs["images"] is not None:
         src = open_images(inputs["images"], **image_options)
+    elif inputs["parquet"] is not None:
+        src = open_parquet(inputs["parquet"], csv_dir, label=label)
     elif csv is not None:
         if not Path(csv).is_file():
             raise DatasetError(f"No such CSV file: {csv!r}.")

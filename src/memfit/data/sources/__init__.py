@@ -16,7 +16,10 @@
 - :mod:`~memfit.data.sources.image_source`: a folder of images in class sub-folders,
   listed, decoded (Pillow, a thread per core) and resized as Keras does.
 
-A new kind of input (a Parquet table) is a module here that gives an
+- :mod:`~memfit.data.sources.parquet_source`: a Parquet table (pyarrow, the
+  ``memfit[parquet]`` extra) converted row group by row group to ``.npy`` columns.
+
+A new kind of input is a module here that gives an
 ``ArraySource`` or a ``StreamSource`` (or a class with the same members); the packers do
 not change.
 """
