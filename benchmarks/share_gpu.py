@@ -94,7 +94,7 @@ def share_four(cap: int, overhead: int, workdir: Path) -> ShareResult:
                                              "--epochs", "3", "--batch-size", "256"],
              "need": cap} for w in (64, 256, 1024, 4096)]
     budget = 4 * (cap + overhead) + 64 * MIB
-    return memfit.share(jobs, budget=budget, device="gpu:0", overhead=overhead,
+    return memfit.share_jobs(jobs, budget=budget, device="gpu:0", overhead=overhead,
                         workdir=workdir, interval=0.2, out=sys.stderr)
 
 

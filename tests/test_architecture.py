@@ -21,7 +21,8 @@ MAX_LINES = 600
 # may, without cycles.
 LAYERS: list[tuple[str, ...]] = [
     ("memfit._version", "memfit.errors", "memfit.exitcodes", "memfit.env", "memfit.checks",
-     "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device"),
+     "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device",
+     "memfit.callable_package", "memfit.typed_json"),
     ("memfit.memory",),
     ("memfit.data", "memfit.estimate"),
     ("memfit.report",),
@@ -230,3 +231,74 @@ def test_the_checker_sees_a_cycle_an_upward_import_and_a_private_name(tmp_path,
     assert _wrong_imports() == ["memfit.memory.low:2 imports memfit.supervise.high (a layer up)"]
     assert _cycles() == [["memfit.memory.low", "memfit.supervise.high"]]
     assert _private_uses() == ["memfit.memory.low:3 uses memfit.supervise.high._hidden"]
+
+
+MAX_MODULES = 10        # modules in one sub-package of data/, __init__ aside
+
+
+def _shadowing_exports() -> list[str]:
+    """``package.name`` bound in ``package/__init__.py`` to something that is not the
+    module ``package.name``: ``import package.name as m`` would then give that object."""
+    found = []
+    for package, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:          # a lazy export (``__getattr__``) of a module's name
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                    for t in node.targets):
+                for name in ast.literal_eval(node.value):
+                    if f"{package}.{name}" in MODULES:
+                        found.append(f"{package}:{node.lineno} exports {name!r}, the name "
+                                     f"of the module {package}.{name}")
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                names = [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names]
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [(node.name, None)]
+            else:
+                continue
+            for bound, source in names:
+                if f"{package}.{bound}" in MODULES and source != f"{package}.{bound}":
+                    found.append(f"{package}:{node.lineno} binds {bound!r} over the module "
+                                 f"{package}.{bound}")
+    return found
+
+
+def test_no_export_shadows_a_module():
+    wrong = _shadowing_exports()
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_sub_package_of_data_is_over_ten_modules():
+    packages = {p.parent for m, p in MODULES.items() if m.startswith("memfit.data.")}
+    crowded = {}
+    for folder in packages:
+        count = sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")
+        if count > MAX_MODULES:
+            crowded[str(folder.relative_to(SRC))] = count
+    assert not crowded, f"split these by concept (at most {MAX_MODULES} modules): {crowded}"
+
+
+def test_the_checker_sees_an_export_that_shadows_a_module(tmp_path, monkeypatch):
+    root = tmp_path / "memfit"
+    (root / "doctor").mkdir(parents=True)
+    (root / "__init__.py").write_text("from memfit.doctor.checkup import doctor\n")
+    (root / "doctor" / "__init__.py").write_text("from memfit.doctor import checkup\n")
+    (root / "doctor" / "run.py").write_text("def doctor():\n    pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", _modules())
+    assert _shadowing_exports() == [
+        "memfit:1 binds 'doctor' over the module memfit.doctor"]
+
+
+def test_the_block_reader_is_built_from_its_plan():
+    """The plan decides; the reader takes the manifest, its shards, the plan and
+    ``on_corrupt`` (issue 25: it took 13 arguments and clamped the cycle again)."""
+    path = MODULES["memfit.data.read.blocks.block_reader"]
+    [init] = [f for c in ast.parse(path.read_text()).body
+              if isinstance(c, ast.ClassDef) and c.name == "BlockReader"
+              for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
+    args = init.args
+    count = len(args.posonlyargs + args.args + args.kwonlyargs) - 1   # self
+    assert count <= 6, f"BlockReader takes {count} parameters: put the rest in its plan"

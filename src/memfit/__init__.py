@@ -11,14 +11,16 @@ Public API (re-exports only):
     memfit.classify(...)      the verdict from epoch-end RSS values; memfit.malloc_trim()
     memfit.session(...)       in a training script: checkpoint every epoch, resume exactly
     memfit.run(...)           run a training command, restarting it from its checkpoints
-    memfit.estimate(...)      a Keras model's training memory, before running it
-    memfit.share(...)         run several trainings on one device within a memory budget
+    memfit.estimate_memory(...) a Keras model's training memory, before running it
+    memfit.share_jobs(...)    run several trainings on one device within a memory budget
     memfit.configure_device() in a job: the GPU memory cap (or growth) memfit share hands down
-    memfit.doctor(...)        run a training for a few steps: ranked findings, with fixes
+    memfit.run_doctor(...)    run a training for a few steps: ranked findings, with fixes
     memfit.parse_size / format_size
 
-``memfit.estimate``, ``memfit.share`` and ``memfit.doctor`` are these functions; their
-packages are imported by name (``from memfit.estimate import Estimator``).
+``memfit.estimate``, ``memfit.share`` and ``memfit.doctor`` are the packages
+(``import memfit.estimate as e`` gives the package). Calling one of them as the function
+it used to be still works for this release, with a DeprecationWarning
+(:mod:`memfit.callable_package`).
 
 Layers (docs/architecture.md; ``tests/test_architecture.py`` enforces them): every import
 points down this list or stays inside its own package, with no cycles and no
@@ -40,8 +42,9 @@ from typing import Any
 from memfit._version import __version__
 from memfit.data import Manifest, PackResult, inspect, pack, verify
 from memfit.device import configure_device
-from memfit.doctor.run import doctor
-from memfit.estimate.estimator import Estimate, estimate
+from memfit.doctor.checkup import doctor as run_doctor
+from memfit.estimate.estimator import estimate as estimate_memory
+from memfit.estimate.memory_estimate import Estimate
 from memfit.memory import (
     Measurement,
     Sample,
@@ -53,19 +56,20 @@ from memfit.memory import (
     parse_size,
     sample,
 )
-from memfit.share.runner import share
+from memfit.share.runner import share as share_jobs
 from memfit.supervise import RunResult, run
 
 __all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", "MemoryMonitor",
            "PackResult", "RunResult", "Sample", "Verdict", "classify", "configure_device",
-           "dataset", "doctor", "estimate", "format_size", "inspect", "malloc_trim", "measure",
-           "pack", "parse_size", "run", "sample", "session", "share", "verify"]
+           "dataset", "estimate_memory", "format_size", "inspect", "malloc_trim", "measure",
+           "pack", "parse_size", "run", "run_doctor", "sample", "session", "share_jobs",
+           "verify"]
 
 
 def __getattr__(name: str) -> Any:
     # TensorFlow is imported on first use of the streaming API, not by `import memfit`.
     if name in ("dataset", "DatasetPlan"):
-        from memfit.data import stream
+        from memfit.data.read import dispatch as stream
 
         return getattr(stream, name)
     if name == "session":

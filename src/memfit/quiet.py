@@ -54,6 +54,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.abc
 import importlib.machinery
 import os
@@ -108,8 +109,17 @@ _HOLD_BYTES = 8192
 HOLD_SECONDS = 0.2
 _DRAIN_SECONDS = 1.0        # how long wait() waits for the filter to pass on the last lines
 
-_children = [False]         # process-wide: filter the stderr of the children memfit starts
-_shown = [False]            # process-wide: inside quieted(False) (--verbose), filter nothing
+
+
+@dataclasses.dataclass
+class _Switches:
+    """What :func:`quieted` has turned on in this process (one instance, module-wide)."""
+
+    children: bool = False      # filter the stderr of the children memfit starts
+    shown: bool = False         # inside quieted(False) (--verbose): filter nothing
+
+
+_switches = _Switches()
 
 
 def is_noise(line: str) -> bool:
@@ -291,7 +301,7 @@ class FilteredPopen(subprocess.Popen):
 def filters_children() -> bool:
     """Whether the children memfit starts now have TensorFlow's start-up lines filtered
     (inside :func:`quieted`)."""
-    return _children[0]
+    return _switches.children
 
 
 class _QuietImport(importlib.abc.MetaPathFinder):
@@ -343,7 +353,7 @@ def filtered_stderr() -> Iterator[None]:
 
     Inside ``quieted(False)`` (``--verbose``) it changes nothing.
     """
-    if _shown[0]:
+    if _switches.shown:
         yield
         return
     for stream in (sys.stdout, sys.stderr):
@@ -395,22 +405,22 @@ def quieted(enabled: bool = True) -> Iterator[None]:
     Args:
         enabled: whether to filter.
     """
-    if not enabled or _shown[0]:
-        previous, _shown[0] = _shown[0], _shown[0] or not enabled
+    if not enabled or _switches.shown:
+        previous, _switches.shown = _switches.shown, _switches.shown or not enabled
         try:
             yield
         finally:
-            _shown[0] = previous
+            _switches.shown = previous
         return
     finder = None
     if "tensorflow" not in sys.modules:
         finder = _QuietImport()
         sys.meta_path.insert(0, finder)
-    previous, _children[0] = _children[0], True
+    previous, _switches.children = _switches.children, True
     try:
         yield
     finally:
-        _children[0] = previous
+        _switches.children = previous
         if finder is not None:
             _uninstall(finder)
 

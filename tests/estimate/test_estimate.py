@@ -87,7 +87,7 @@ def test_mixed_float16_keeps_float32_weights_and_halves_activations(tiny_adam):
 @pytest.mark.parametrize("factory,shape", [("tiny_functional", None), ("nested", None),
                                            ("tiny_subclassed", (8,))])
 def test_sequential_functional_nested_and_subclassed_agree(tiny_adam, factory, shape):
-    e = memfit.estimate(f"{MODELS}:{factory}", 16, optimizer="adam", input_shape=shape)
+    e = memfit.estimate_memory(f"{MODELS}:{factory}", 16, optimizer="adam", input_shape=shape)
     plain = tiny_adam.at(16)
     assert (e.weights, e.optimizer_slots, e.input_batch) == (
         plain.weights, plain.optimizer_slots, plain.input_batch)
@@ -99,9 +99,9 @@ def test_a_live_model_and_keras_applications_work():
     import keras
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
-    e = memfit.estimate(model, 4, optimizer="sgd")
+    e = memfit.estimate_memory(model, 4, optimizer="sgd")
     assert e.weights == (8 * 3 + 3) * 4
-    app = memfit.estimate("keras.applications:MobileNetV3Small", 2,
+    app = memfit.estimate_memory("keras.applications:MobileNetV3Small", 2,
                           input_shape=(32, 32, 3), optimizer="sgd")
     assert app.params_trainable > 1_000_000 and app.params_non_trainable > 0
     assert app.activations > 0 and len(app.layers) > 100
@@ -122,7 +122,7 @@ def test_budget_gives_the_largest_batch_and_advice(tiny_adam):
 
 
 def test_dataset_budget_is_counted_as_the_pipeline():
-    e = memfit.estimate(TINY, 8, optimizer="sgd", dataset_budget="64MiB")
+    e = memfit.estimate_memory(TINY, 8, optimizer="sgd", dataset_budget="64MiB")
     assert e.pipeline == 64 * 2**20
     assert e.to_json()["pipeline"] == 64 * 2**20
 
@@ -137,26 +137,26 @@ def test_dataset_budget_is_counted_as_the_pipeline():
 def test_bad_arguments_are_clear_errors(kwargs, message):
     args = {"batch_size": 4, **kwargs}
     with pytest.raises(EstimateError, match=message.replace("(", r"\(")):
-        memfit.estimate(TINY, args.pop("batch_size"), **args)
+        memfit.estimate_memory(TINY, args.pop("batch_size"), **args)
 
 
 def test_bad_models_are_clear_errors(tmp_path):
     junk = tmp_path / "junk.keras"
     junk.write_text("not a model")
     with pytest.raises(EstimateError, match="is not a Keras model file"):
-        memfit.estimate(str(junk), 4)
+        memfit.estimate_memory(str(junk), 4)
     with pytest.raises(EstimateError, match="No model file"):
-        memfit.estimate(str(tmp_path / "missing.keras"), 4)
+        memfit.estimate_memory(str(tmp_path / "missing.keras"), 4)
     with pytest.raises(EstimateError, match="raised RuntimeError: the factory is broken"):
-        memfit.estimate(f"{MODELS}:raises", 4)
+        memfit.estimate_memory(f"{MODELS}:raises", 4)
     with pytest.raises(EstimateError, match="returned str, not a keras.Model"):
-        memfit.estimate(f"{MODELS}:not_a_model", 4)
+        memfit.estimate_memory(f"{MODELS}:not_a_model", 4)
     with pytest.raises(EstimateError, match="has no attribute 'nope'"):
-        memfit.estimate(f"{MODELS}:nope", 4)
+        memfit.estimate_memory(f"{MODELS}:nope", 4)
     with pytest.raises(EstimateError, match="--input-shape 224,224,3"):
-        memfit.estimate(f"{MODELS}:no_input_shape", 4)
+        memfit.estimate_memory(f"{MODELS}:no_input_shape", 4)
     with pytest.raises(EstimateError, match="input_shape must be"):
-        memfit.estimate(f"{MODELS}:no_input_shape", 4, input_shape="a,b")
+        memfit.estimate_memory(f"{MODELS}:no_input_shape", 4, input_shape="a,b")
 
 
 def test_a_saved_keras_file_loads_and_matches(tmp_path):
@@ -166,6 +166,6 @@ def test_a_saved_keras_file_loads_and_matches(tmp_path):
 
     path = tmp_path / "tiny.keras"
     tiny().save(path)
-    e = memfit.estimate(str(path), 16, optimizer="adam")
+    e = memfit.estimate_memory(str(path), 16, optimizer="adam")
     assert e.weights == WEIGHTS and e.optimizer_slots == 2 * WEIGHTS + SCALARS
     keras.backend.clear_session()

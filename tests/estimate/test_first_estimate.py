@@ -111,12 +111,12 @@ def test_estimate_is_calibrated_and_quiet_and_verbose_shows_tensorflow(tmp_path)
 
 
 def test_the_python_api_is_quiet_too(tmp_path):
-    # memfit.estimate() in a user's script: no start-up lines when memfit imports
+    # memfit.estimate_memory() in a user's script: no start-up lines when memfit imports
     # TensorFlow, and none of the graph optimizer's lines when the script imported it
     # first (its own `import tensorflow` lines are the script's, left as they are).
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env[CACHE_ENV] = str(tmp_path / "cache")
-    call = "import memfit; print(memfit.estimate('tests.estimate.models:tiny', 2).total > 0)"
+    call = "import memfit; print(memfit.estimate_memory('tests.estimate.models:tiny', 2).total > 0)"
     for first in ("", "import tensorflow; "):
         out = subprocess.run([sys.executable, "-c", first + call], capture_output=True,
                              text=True, cwd=ROOT, env=env, timeout=600)

@@ -1,6 +1,6 @@
 """``too-short``: the verdict of a run too short to judge, the same in every view."""
 
-from memfit.memory.classify import EXPLANATIONS, KINDS, MIN_VALUES, TOO_SHORT, classify
+from memfit.memory.classifier import EXPLANATIONS, KINDS, MIN_VALUES, TOO_SHORT, classify
 
 MiB = 2**20
 
@@ -53,7 +53,7 @@ def test_the_report_names_it_too_short(tmp_path):
 
 def test_the_doctor_says_growth_was_too_short_to_judge():
     from memfit.doctor.report import DoctorResult
-    from memfit.memory.classify import too_short
+    from memfit.memory.classifier import too_short
 
     outside = {**too_short(5.0, 1.2, "s").to_record(), "basis": "time slices"}
     text = str(DoctorResult(command=("python", "train.py"), exit_code=0, duration=3.0,

@@ -6,7 +6,7 @@ import math
 import random
 from pathlib import Path
 
-from memfit.memory.classify import classify
+from memfit.memory.classifier import classify
 from memfit.memory.log import FORMAT, FORMAT_VERSION, MemoryLog
 
 MiB = 2**20

@@ -7,10 +7,10 @@ import struct
 import pytest
 
 from memfit.cli import main
-from memfit.memory.classify import EXPLANATIONS
+from memfit.memory.classifier import EXPLANATIONS
 from memfit.memory.log import LogError, MemoryLog
 from memfit.report import ReportResult, RunData, load, timeline, write_report
-from memfit.report.timeline import title
+from memfit.report.timeline_plot import title
 from memfit.workdir import Workdir
 from tests.report.synthetic import (
     CHILD1,

@@ -188,14 +188,14 @@ def test_an_unreachable_address_is_one_line_and_starts_nothing(data, tmp_path):
 
 
 def test_the_cli_and_memfit_share_hand_ray_jobs_to_the_cluster(data, tmp_path):
-    """`memfit share --ray ADDRESS` and `memfit.share(..., ray=ADDRESS)` go to Ray: an
+    """`memfit share --ray ADDRESS` and `memfit.share_jobs(..., ray=ADDRESS)` go to Ray: an
     unreachable address is one line, exit 2, before any workdir exists."""
     workdir = tmp_path / "share"
     with pytest.raises(ClusterError):
-        memfit.share([_job("a", data, tmp_path)], ray="127.0.0.1:1", workdir=workdir,
+        memfit.share_jobs([_job("a", data, tmp_path)], ray="127.0.0.1:1", workdir=workdir,
                      overhead="256MiB", device="cpu", out=False)
     with pytest.raises(ValueError, match="ray must be True"):
-        memfit.share([_job("a", data, tmp_path)], ray=3, workdir=workdir, out=False)
+        memfit.share_jobs([_job("a", data, tmp_path)], ray=3, workdir=workdir, out=False)
     jobs = tmp_path / "jobs.toml"
     jobs.write_text('[[job]]\nname = "a"\ncommand = ["python", "-c", "pass"]\n'
                     'need = "64MiB"\n')

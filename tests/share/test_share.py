@@ -38,7 +38,7 @@ def intervals(records: list[dict]) -> list[tuple[float, float, int, str]]:
 def test_four_jobs_two_at_a_time_never_over_the_budget(tmp_path):
     budget = 240 * MIB            # each job: 100 MiB + 16 MiB overhead; two fit, three do not
     jobs = [{"name": n, "command": hold(100, 1.5), "need": "100MiB"} for n in "abcd"]
-    result = memfit.share(jobs, budget=budget, device="cpu", overhead=OVERHEAD,
+    result = memfit.share_jobs(jobs, budget=budget, device="cpu", overhead=OVERHEAD,
                           workdir=tmp_path, interval=0.1, out=False)
     summary = str(result)                         # shown when an assertion fails
     assert result.ok and result.exit_code == 0, summary
@@ -96,7 +96,7 @@ def test_a_job_over_its_share_is_stopped_and_the_others_finish(tmp_path):
     jobs = [{"name": "n1", "command": hold(40, 2.0), "need": "50MiB"},
             {"name": "liar", "command": hold(10, 4.0, "--grow-to", "400"), "need": "30MiB"},
             {"name": "n2", "command": hold(40, 2.0), "need": "50MiB"}]
-    result = memfit.share(jobs, budget="400MiB", device="cpu", overhead=OVERHEAD,
+    result = memfit.share_jobs(jobs, budget="400MiB", device="cpu", overhead=OVERHEAD,
                           workdir=tmp_path, interval=0.1, out=False)
     liar = result["liar"]
     assert liar.state == "stopped" and liar.exit_code == 128 + 9
@@ -117,7 +117,7 @@ def test_with_restart_a_job_over_its_share_is_restarted(tmp_path):
             {"name": "liar", "command": hold(10, 1.0, "--grow-to", "400", "--once",
                                               "--step-seconds", "0.1"),
              "need": "30MiB"}]
-    result = memfit.share(jobs, budget="400MiB", device="cpu", overhead=OVERHEAD,
+    result = memfit.share_jobs(jobs, budget="400MiB", device="cpu", overhead=OVERHEAD,
                           workdir=tmp_path, interval=0.1, restart=True, out=False)
     assert result.ok, str(result)
     liar = result["liar"]
@@ -137,7 +137,7 @@ def test_a_need_left_out_is_learned_from_the_previous_run(tmp_path):
     (job,) = first.jobs
     assert job.exclusive and job.charge == 2**30 and job.need_source == "unknown"
     assert "runs alone" in first.warnings[0]
-    result = memfit.share(first, interval=0.1, out=False)
+    result = memfit.share_jobs(first, interval=0.1, out=False)
     assert result.ok
     peak = result["x"].peak
     second = plan(jobs, budget="1GiB", device="cpu", overhead=OVERHEAD, workdir=tmp_path)
@@ -170,7 +170,7 @@ def test_the_command_line_runs_a_jobs_file(tmp_path, capsys):
 def test_a_bad_interval_and_a_workdir_with_another_log(tmp_path):
     jobs = [{"name": "x", "command": hold(1, 0)}]
     with pytest.raises(ValueError, match="Received: interval=0"):
-        memfit.share(jobs, interval=0, out=False)
+        memfit.share_jobs(jobs, interval=0, out=False)
     (tmp_path / "memory.jsonl").write_text("a,b\n1,2\n")
     with pytest.raises(MemfitError, match="not a memfit log"):
         plan(jobs, budget="1GiB", device="cpu", overhead=OVERHEAD, workdir=tmp_path)
@@ -236,7 +236,7 @@ def test_a_real_keras_training_with_need_auto(tmp_path):
     p = plan(jobs, budget="1GiB", device="cpu", overhead="300MiB", workdir=tmp_path)
     keras_job = next(j for j in p.jobs if j.name == "keras")
     assert keras_job.need_source == "auto" and 2**20 < keras_job.need < 200 * 2**20
-    result = memfit.share(p, interval=0.2, out=False)
+    result = memfit.share_jobs(p, interval=0.2, out=False)
     assert result.ok, str(result)
     keras_result = result["keras"]
     assert 150 * MIB < keras_result.peak <= keras_result.share
@@ -252,7 +252,7 @@ def test_a_gpu_this_machine_does_not_have_is_refused_before_anything_starts(tmp_
     workdir = tmp_path / "share"
     jobs = [{"name": "a", "command": [sys.executable, "-c", "pass"], "need": "64MiB"}]
     with pytest.raises(MemfitError, match="cannot see GPU 99") as e:
-        memfit.share(jobs, device="gpu:99", budget="1GiB", overhead="16MiB",
+        memfit.share_jobs(jobs, device="gpu:99", budget="1GiB", overhead="16MiB",
                      workdir=workdir, out=False)
     assert e.value.exit_code == 2 and "--device cpu" in str(e.value)
     assert not workdir.exists()

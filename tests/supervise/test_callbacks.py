@@ -19,7 +19,7 @@ import pytest
 
 import memfit
 from memfit.supervise import callback_state, fit_hooks
-from memfit.supervise.protocol import SessionConfigError
+from memfit.supervise.restart_protocol import SessionConfigError
 
 SCRIPT = Path(__file__).parent / "scripts" / "callbacks_train.py"
 

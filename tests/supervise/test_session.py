@@ -4,7 +4,7 @@ import pytest
 
 import memfit
 from memfit.env import SUPERVISOR_ENV
-from memfit.supervise import CheckpointError, CheckpointStore, protocol
+from memfit.supervise import CheckpointError, CheckpointStore, restart_protocol
 
 
 def checkpoint_with_seed(workdir, seed):
@@ -52,7 +52,7 @@ def test_bad_arguments(tmp_path, kwargs, message):
 
 def test_restart_requests_are_ignored_without_a_supervisor(tmp_path, capsys):
     with memfit.session(tmp_path, verbose=0) as s:
-        protocol.write_request(tmp_path, "manual")
+        restart_protocol.write_request(tmp_path, "manual")
         assert s.pending_restart() is None
         s.request_restart("leak")
         assert s.pending_restart() is None
@@ -73,7 +73,7 @@ def test_a_gpu_cap_handed_down_by_share_is_applied_by_the_session(tmp_path, monk
 def test_a_leak_verdict_asks_the_supervised_session_to_restart(tmp_path, monkeypatch):
     """MemoryMonitor(on_leak="restart") under memfit run hands the restart to the
     session (which checkpoints everything), instead of saving a bare .keras and exiting."""
-    from memfit.memory.classify import classify
+    from memfit.memory.classifier import classify
 
     monkeypatch.setenv(SUPERVISOR_ENV, "1")
     with memfit.session(tmp_path, verbose=0) as s:

@@ -40,7 +40,7 @@ HELP = "run a training command for a few steps and say what to change about its 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from memfit.doctor.run import (
+    from memfit.doctor.checkup import (
         DEFAULT_EPOCHS,
         DEFAULT_INTERVAL,
         DEFAULT_SECONDS,
@@ -86,7 +86,7 @@ def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memfit.doctor.run import doctor
+    from memfit.doctor.checkup import doctor
 
     with _stdout_to_stderr(args.json):
         if args.steps is not None and args.epochs is not None:

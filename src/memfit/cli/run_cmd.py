@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 
 from memfit.cli.common import add_command_argument, add_report_argument, write_report_if_asked
-from memfit.supervise import protocol
-from memfit.supervise.run import run as supervise
+from memfit.supervise import restart_protocol
+from memfit.supervise.supervisor import run as supervise
 
 NAME = "run"
 HELP = "run a training command, restarting it from checkpoints (every N epochs, by memory, " \
@@ -33,9 +33,9 @@ HELP = "run a training command, restarting it from checkpoints (every N epochs, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--workdir", default=protocol.DEFAULT_WORKDIR, metavar="DIR",
+    p.add_argument("--workdir", default=restart_protocol.DEFAULT_WORKDIR, metavar="DIR",
                    help=f"log and checkpoints; given to the command as $MEMFIT_WORKDIR "
-                        f"(default: {protocol.DEFAULT_WORKDIR})")
+                        f"(default: {restart_protocol.DEFAULT_WORKDIR})")
     p.add_argument("--restart-every", type=int, metavar="N",
                    help="start a new process every N epochs")
     p.add_argument("--max-rss", metavar="SIZE",

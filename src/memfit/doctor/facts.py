@@ -1,7 +1,7 @@
 """What the doctor's rules read and what they return: :class:`Facts` and :class:`Finding`.
 
 :class:`Facts` holds one run's measurements: the in-process probe's results
-(:class:`ProbeResults`, which :func:`memfit.doctor.probe.finish` writes as JSON across
+(:class:`ProbeResults`, which :func:`memfit.doctor.fit_probe.finish` writes as JSON across
 the process) and the process tree's memory seen from outside.
 A rule (:mod:`memfit.doctor.findings` lists them) reads the facts and returns a
 :class:`Finding`: the numbers measured, why they matter, the fix and the memory at stake.
@@ -37,7 +37,7 @@ PROBE_FORMAT = "memfit-doctor-probe"     # the ``format`` of the probe's results
 class ProbeResults:
     """What the in-process probe measured in one training process
     (``$MEMFIT_DOCTOR_DIR/probe-RUN-PID.json``): written by
-    :func:`memfit.doctor.probe.finish`, read by :mod:`memfit.doctor.run`. The fields are
+    :func:`memfit.doctor.fit_probe.finish`, read by :mod:`memfit.doctor.checkup`. The fields are
     the file's keys, in its order; a key the file lacks takes its default.
 
     Attributes:
@@ -142,7 +142,7 @@ class Facts:
 
     Attributes:
         command: the command run.
-        probe: the in-process probe's results (:func:`memfit.doctor.probe.finish`), or
+        probe: the in-process probe's results (:func:`memfit.doctor.fit_probe.finish`), or
             ``None`` when the command has no Python process that imported Keras.
         peak_anon: peak anonymous RSS of the whole process tree (from outside).
         watch_verdict: the verdict from outside (:class:`memfit.memory.Verdict` record).

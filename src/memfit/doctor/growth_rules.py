@@ -22,7 +22,7 @@ from typing import Any
 
 from memfit.doctor.data_rules import DATA_MIN, data_in_ram
 from memfit.doctor.facts import Facts, Finding, arg_size, array_names, describe_array
-from memfit.memory.classify import KEPT_MIN
+from memfit.memory.classifier import KEPT_MIN
 from memfit.sizes import format_size
 
 __all__ = ["kept_after_del", "memory_growth", "KEPT_MIN", "WARMUP_MIN", "WARMUP_SHARE",

@@ -3,7 +3,7 @@
 Loaded at interpreter start by the ``sitecustomize.py`` that :mod:`memfit.doctor.site`
 writes (by file path, so that nothing but the standard library is imported before the
 script runs). It waits for ``keras`` to be imported; only then does it import memfit's
-probe (:mod:`memfit.doctor.probe`), which patches ``keras.Model.fit``. A script that
+probe (:mod:`memfit.doctor.fit_probe`), which patches ``keras.Model.fit``. A script that
 never imports Keras is left alone. Given a time limit (the shim passes the value of
 :data:`memfit.env.DOCTOR_SECONDS_ENV`) it also starts the wall-clock deadline, counted
 from the interpreter's start. It reads no environment variable itself: the shim, whose
@@ -40,13 +40,13 @@ def _warn(message: str) -> None:
 def _probe() -> Any:
     """memfit's probe module, adding memfit's own directory to ``sys.path`` if needed."""
     try:
-        from memfit.doctor import probe
+        from memfit.doctor import fit_probe
     except ImportError:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         if root not in sys.path:
             sys.path.append(root)
-        from memfit.doctor import probe
-    return probe
+        from memfit.doctor import fit_probe
+    return fit_probe
 
 
 def _keras_loaded(module: Any) -> None:
@@ -60,7 +60,7 @@ def _keras_loaded(module: Any) -> None:
 
 
 class _Loader(importlib.abc.Loader):
-    """Runs the real loader of ``keras``, then attaches the probe."""
+    """Runs the real loader of ``keras``, then attaches the fit_probe."""
 
     def __init__(self, loader: Any):
         self._loader = loader

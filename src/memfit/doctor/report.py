@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.doctor.facts import Finding
-from memfit.memory.classify import TOO_SHORT
+from memfit.memory.classifier import TOO_SHORT
 from memfit.memory.probe import Sample
 from memfit.sizes import format_size
 
@@ -77,7 +77,7 @@ class DoctorResult:
         workdir: the doctor's workdir.
         log_path: the shared memory log of the run.
         measurements: the in-process probe's results (for tools; see
-            :func:`memfit.doctor.probe.finish`).
+            :func:`memfit.doctor.fit_probe.finish`).
     """
 
     command: tuple[str, ...]

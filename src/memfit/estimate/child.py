@@ -2,7 +2,7 @@
 
 Run by :mod:`memfit.estimate.measure` (never by hand), in a fresh process so that a model
 that does not fit can be killed without harm to the parent. It reports on stdout, one
-JSON object per line behind the marker ``MEMFIT-CHILD`` (:mod:`memfit.estimate.protocol`):
+JSON object per line behind the marker ``MEMFIT-CHILD`` (:mod:`memfit.estimate.child_protocol`):
 
 ``{"event": "baseline", ...}``
     after ``import tensorflow, keras`` and one eager op: the framework baseline, the
@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
+from memfit.estimate.child_protocol import Report, emit
 from memfit.estimate.model import EstimateError, ModelSpec
-from memfit.estimate.protocol import Report, emit
 from memfit.estimate.training import make_batch, prepare
 from memfit.memory.allocator import current_policy
 from memfit.memory.probe import measure, nvml_memory, sample, tf_gpu_memory

@@ -29,8 +29,8 @@ import time
 from typing import Any
 
 from memfit.errors import MemfitError
+from memfit.estimate.child_protocol import Report, read_reports
 from memfit.estimate.model import ModelSpec, check_batch_size, check_policy, parse_input_shape
-from memfit.estimate.protocol import Report, read_reports
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.process import ticks

@@ -4,7 +4,7 @@ lives in :mod:`memfit.supervise.monitor`.)
 """
 
 from memfit.memory.allocator import malloc_trim
-from memfit.memory.classify import Verdict, classify
+from memfit.memory.classifier import Verdict, classify
 from memfit.memory.log import MemoryLog, read_log
 from memfit.memory.probe import Measurement, Sample, measure, sample
 from memfit.sizes import format_size, parse_size

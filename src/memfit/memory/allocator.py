@@ -179,7 +179,7 @@ def fix_mmap_threshold(threshold: int = FIXED_MMAP_THRESHOLD) -> bool | None:
 
     The same as starting the process with ``MALLOC_MMAP_THRESHOLD_=131072`` for every
     allocation made afterwards: call it first thing, before importing TensorFlow, to
-    get the ``"fixed"`` policy that ``memfit.estimate(..., allocator="fixed")`` predicts.
+    get the ``"fixed"`` policy that ``memfit.estimate_memory(..., allocator="fixed")`` predicts.
 
     Example:
         >>> from memfit.memory.allocator import fix_mmap_threshold

@@ -49,7 +49,7 @@ from typing import TextIO
 
 from memfit import checks
 from memfit.env import WORKDIR_ENV
-from memfit.memory.classify import (
+from memfit.memory.classifier import (
     MIN_VALUES,
     TOO_SHORT,
     Verdict,

@@ -11,7 +11,7 @@ Example:
 
 from memfit.report.data import ProcessData, RunData, load
 from memfit.report.summary import ProcessSummary, VerdictSummary
-from memfit.report.timeline import timeline
+from memfit.report.timeline_plot import timeline
 from memfit.report.write import ReportResult, write_report
 
 __all__ = ["ProcessData", "ProcessSummary", "ReportResult", "RunData", "VerdictSummary", "load",

@@ -20,7 +20,7 @@ from memfit._version import __version__
 from memfit.memory.log import Event
 from memfit.report.data import MARK_EVENTS, MEMORY_FIELDS, RunData, number
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
-from memfit.report.timeline import event_label, format_duration
+from memfit.report.timeline_plot import event_label, format_duration
 from memfit.sizes import format_size
 
 __all__ = ["render"]

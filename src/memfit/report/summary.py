@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memfit.memory.classify import EXPLANATIONS, MIN_VALUES, TOO_SHORT, classify
+from memfit.memory.classifier import EXPLANATIONS, MIN_VALUES, TOO_SHORT, classify
 from memfit.memory.log import Event
 from memfit.report.data import ProcessData, RunData, anon, number
 

@@ -18,7 +18,7 @@ from memfit.errors import MemfitError
 from memfit.report.data import load
 from memfit.report.page import render
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
-from memfit.report.timeline import timeline
+from memfit.report.timeline_plot import timeline
 from memfit.workdir import LOG_NAME, Workdir
 
 __all__ = ["ReportResult", "write_report", "output_paths"]

@@ -2,7 +2,7 @@
 enforced on every node, resumed exactly anywhere.
 
 Public entry point (``memfit share JOBS.toml --ray [ADDRESS]`` and
-``memfit.share(..., ray=...)`` call it)::
+``memfit.share_jobs(..., ray=...)`` call it)::
 
     run_on_ray(jobs, *, address=None, budget=None, device=None, workdir="memfit-share",
                restart=False, overhead=None, interval=0.5, out=None, num_cpus=1,
@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from memfit import checks
+from memfit import checks, typed_json
 from memfit.exitcodes import signal_name
 from memfit.memory.process import forward_signals, kill_tree, start
 from memfit.quiet import filters_children
@@ -66,8 +66,6 @@ from memfit.share.cluster_driver import (
     DriverRequest,
     DriverResult,
     Failure,
-    read_pickle,
-    write_pickle,
 )
 from memfit.share.cluster_nodes import (
     RAY_EXTRA,
@@ -81,7 +79,7 @@ from memfit.share.cluster_view import ClusterView, LogFollower
 from memfit.share.jobs import JobsSpec, load_jobs, parse_jobs
 from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
 from memfit.share.planner import Plan, plan
-from memfit.share.results import JobResult, RayJobResult, ShareResult
+from memfit.share.share_results import JobResult, RayJobResult, ShareResult
 from memfit.share.states import JobState
 from memfit.share.status import Status
 from memfit.sizes import format_size, parse_size
@@ -98,7 +96,7 @@ _DRIVER_GRACE = 40.0                # seconds the driver has to wind down after 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterResult(ShareResult):
-    """What :func:`run_on_ray` did: a :class:`~memfit.share.results.ShareResult` (the same
+    """What :func:`run_on_ray` did: a :class:`~memfit.share.share_results.ShareResult` (the same
     summary table) plus where each job ran.
 
     Attributes:
@@ -311,7 +309,7 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     for name in (RESULT_NAME, REQUEST_NAME):
         (ray_dir / name).unlink(missing_ok=True)
     since = time.time()
-    write_pickle(ray_dir / REQUEST_NAME, DriverRequest(
+    typed_json.write(ray_dir / REQUEST_NAME, DriverRequest(
         plan=p, address=address, memory=memory, interval=interval, num_cpus=num_cpus,
         max_retries=max_retries, since=since, quiet=filters_children()))
     stream = sys.stderr if out is None else None if out is False else out
@@ -334,8 +332,8 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
     finally:
         status.close()
     try:
-        result: DriverResult = read_pickle(ray_dir / RESULT_NAME)
-    except OSError:
+        result: DriverResult = typed_json.read(DriverResult, ray_dir / RESULT_NAME)
+    except (OSError, ValueError):
         raise ClusterError(f"The Ray driver ended (exit {proc.returncode}) without a "
                            f"result; Ray's own output: {ray_dir / DRIVER_LOG_NAME}") from None
     if result.error is not None or result.plan is None:

@@ -18,17 +18,18 @@ task-retry notices, its C++ warnings) lands there, never on the user's terminal.
    charge, retried by Ray up to ``max_retries`` times when its node dies;
 4. waits for them; on SIGTERM or SIGINT (passed on by the parent) cancels them (each job
    gets SIGTERM and checkpoints), then forces them after a grace period;
-5. writes the result (``WORKDIR/ray/result.pkl``: every job's record, the placed plan,
+5. writes the result (``WORKDIR/ray/result.json``: every job's record, the placed plan,
    the nodes, or the error that stopped it) and shuts Ray down.
 
 The request (:class:`DriverRequest`) and the result (:class:`DriverResult`) are frozen
-dataclasses, pickled by memfit for memfit next to each other.
+dataclasses, written as JSON data (:mod:`memfit.typed_json`, never a pickle: a workdir may
+be on a disk others can write) and read back checked against their types.
 
 Example:
     >>> request = DriverRequest(plan=plan, address=None, memory=None, interval=0.5,
     ...                         num_cpus=1, max_retries=3,
     ...                         since=time.time())               # doctest: +SKIP
-    >>> write_pickle(path, request)                             # doctest: +SKIP
+    >>> typed_json.write(path, request)                         # doctest: +SKIP
     >>> subprocess.run([sys.executable, "-m", "memfit.share.cluster_driver", path])
     ... # doctest: +SKIP
 """
@@ -39,7 +40,6 @@ import dataclasses
 import ipaddress
 import logging
 import os
-import pickle
 import signal
 import sys
 import time
@@ -48,7 +48,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from memfit.atomic import temporary_name
+from memfit import typed_json
 from memfit.memory.log import MemoryLog
 from memfit.share.cluster_job import STOP_GRACE, run_job
 from memfit.share.cluster_nodes import (
@@ -60,18 +60,18 @@ from memfit.share.cluster_nodes import (
 )
 from memfit.share.layout import JobFiles
 from memfit.share.planner import Plan
-from memfit.share.results import JobResult, RayJobResult
+from memfit.share.share_results import JobResult, RayJobResult
 from memfit.share.states import JobState
 from memfit.workdir import Workdir
 
-__all__ = ["main", "is_loopback", "write_pickle", "read_pickle", "DriverRequest",
+__all__ = ["main", "is_loopback", "DriverRequest",
            "DriverResult", "Failure", "OBJECT_STORE", "RESULT_NAME", "REQUEST_NAME",
            "DRIVER_LOG_NAME", "RAY_DIR"]
 
 OBJECT_STORE = 128 * 2**20          # the local instance's object store: jobs pass no data
 RAY_DIR = "ray"                     # WORKDIR/ray/: the driver's request, result and log
-REQUEST_NAME = "request.pkl"
-RESULT_NAME = "result.pkl"
+REQUEST_NAME = "request.json"
+RESULT_NAME = "result.json"
 DRIVER_LOG_NAME = "driver.log"
 # Ray resolves a loopback address to the machine's outward IP unless told it is one
 # machine (its own switch, read when Ray is imported).
@@ -81,7 +81,7 @@ _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 @dataclasses.dataclass(frozen=True)
 class DriverRequest:
     """What :func:`memfit.share.cluster.run_on_ray` asks of the driver
-    (``WORKDIR/ray/request.pkl``).
+    (``WORKDIR/ray/request.json``).
 
     Attributes:
         plan: the plan (charges; the nodes are its budget).
@@ -121,7 +121,7 @@ class Failure(StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class DriverResult:
-    """What the driver did (``WORKDIR/ray/result.pkl``): the jobs' results, or what
+    """What the driver did (``WORKDIR/ray/result.json``): the jobs' results, or what
     stopped it.
 
     Attributes:
@@ -162,27 +162,6 @@ def is_loopback(address: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def write_pickle(path: Path, value: Any) -> None:
-    """Writes ``value`` under a temporary name, then renames it (a reader never sees half).
-
-    Args:
-        path: the file.
-        value: what to pickle.
-    """
-    tmp = temporary_name(path)
-    tmp.write_bytes(pickle.dumps(value))
-    os.replace(tmp, path)
-
-
-def read_pickle(path: Path) -> Any:
-    """What :func:`write_pickle` wrote to ``path``.
-
-    Args:
-        path: the file.
-    """
-    return pickle.loads(path.read_bytes())
 
 
 def _connect(ray: Any, address: str | None, memory: int | None) -> str:
@@ -278,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     request_path = Path(args[0])
-    request: DriverRequest = read_pickle(request_path)
+    request: DriverRequest = typed_json.read(DriverRequest, request_path)
     result_path = request_path.with_name(RESULT_NAME)
     received: list[int] = []
 
@@ -296,13 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import ray
     except ImportError as e:
-        write_pickle(result_path, DriverResult(error=(Failure.MISSING, str(e))))
+        typed_json.write(result_path, DriverResult(error=(Failure.MISSING, str(e))))
         return 0
     try:
         request = dataclasses.replace(request,
                                       joined=_connect(ray, address, request.memory))
     except Exception as e:      # noqa: BLE001 - any failure to connect is told in one line
-        write_pickle(result_path, DriverResult(error=(Failure.CONNECT, _failure(e))))
+        typed_json.write(result_path, DriverResult(error=(Failure.CONNECT, _failure(e))))
         return 0
     try:
         result = _run(request, ray, received)
@@ -313,14 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:      # noqa: BLE001 - told to the parent, with the driver log
         logging.getLogger(__name__).exception("memfit share --ray failed")
         result = DriverResult(error=(Failure.CLUSTER, f"{type(e).__name__}: {_failure(e)}"))
-    write_pickle(result_path, result)
+    typed_json.write(result_path, result)
     ray.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    # Run as ``python -m``, this file is ``__main__``: the result must be pickled from the
-    # module the parent imports, so that its classes are found there.
-    from memfit.share import cluster_driver
-
-    raise SystemExit(cluster_driver.main())
+    raise SystemExit(main())

@@ -59,7 +59,7 @@ from memfit.share.launch import CUDA_DEVICES_ENV, job_command, job_environment
 from memfit.share.layout import JobFiles
 from memfit.share.outcome import finish, over_share_reason, stop_over_share
 from memfit.share.planner import PlannedJob
-from memfit.share.results import JobResult, RayJobResult
+from memfit.share.share_results import JobResult, RayJobResult
 from memfit.share.states import JobState, Stop
 from memfit.workdir import Workdir
 
@@ -169,7 +169,7 @@ def run_job(job: PlannedJob, device: str, workdir: str, interval: float,
             ``--verbose``).
 
     Returns:
-        What happened: a :class:`~memfit.share.results.RayJobResult` (its ``state`` is
+        What happened: a :class:`~memfit.share.share_results.RayJobResult` (its ``state`` is
         ``finished``, ``failed``, ``stopped`` or ``interrupted``), with the node it ran
         on and the attempt.
     """

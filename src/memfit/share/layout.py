@@ -134,7 +134,7 @@ class JobRecord:
         command: what ran (the user's command, without ``memfit run``).
         device: ``"cpu"`` or ``"gpu:N"``.
         exit_code: as a shell reports it, or ``None`` if it never started.
-        state: the :class:`memfit.share.results.JobResult` state.
+        state: the :class:`memfit.share.share_results.JobResult` state.
         peak: the largest memory sampled for its tree (CPU: anonymous RSS; GPU: NVML),
             or ``None`` when none was sampled.
         host_peak: the largest anonymous RSS of its tree, or ``None``.

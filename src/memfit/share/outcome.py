@@ -9,7 +9,7 @@ The local scheduler (:mod:`memfit.share.runner`) and a job's Ray task
 - :func:`decide`: the state it ended in and the reason, from why memfit stopped it (if
   it did), its exit code and what its ``memfit run`` said when it stopped;
 - :func:`finish`: its ``restart`` and ``exit`` events in the share's log, its
-  ``job.json`` record and its :class:`~memfit.share.results.JobResult`.
+  ``job.json`` record and its :class:`~memfit.share.share_results.JobResult`.
 
 Example:
     >>> [f"{state}: {why}" for state, why in (decide(0, None, ""), decide(137, None, ""),
@@ -30,7 +30,7 @@ from memfit.memory.log import Event, MemoryLog
 from memfit.memory.process import kill_tree
 from memfit.share.layout import JobFiles, JobRecord
 from memfit.share.planner import PlannedJob
-from memfit.share.results import JobResult
+from memfit.share.share_results import JobResult
 from memfit.share.states import JobState, Stop
 from memfit.sizes import format_size
 

@@ -1,4 +1,4 @@
-"""``memfit.share()``: run several jobs on one device, within one memory budget.
+"""``memfit.share_jobs()``: run several jobs on one device, within one memory budget.
 
 The jobs of a :class:`~memfit.share.planner.Plan` are packed onto the budget first-fit
 decreasing (the largest charge that fits the room left goes first); the others queue and
@@ -27,7 +27,7 @@ report WORKDIR`` draws every job on one timeline. Each job's output goes to
 ``WORKDIR/jobs/NAME/job.json`` (the next run learns a missing need from it).
 
 Example:
-    >>> result = memfit.share("jobs.toml", budget="12GiB")      # doctest: +SKIP
+    >>> result = memfit.share_jobs("jobs.toml", budget="12GiB")      # doctest: +SKIP
     >>> print(result)                                           # doctest: +SKIP
     >>> result.makespan < result.serial                         # doctest: +SKIP
     True
@@ -58,7 +58,7 @@ from memfit.share.launch import start_job
 from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
 from memfit.share.outcome import finish, measured, over_share_reason, stop_over_share
 from memfit.share.planner import Plan, PlannedJob, gpu_memory, pick, plan
-from memfit.share.results import JobResult, ShareResult
+from memfit.share.share_results import JobResult, ShareResult
 from memfit.share.states import JobState, Stop
 from memfit.share.status import Row, Status
 from memfit.sizes import format_size
@@ -84,7 +84,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
 
     Example:
         >>> import memfit
-        >>> result = memfit.share("examples/jobs.toml", budget="1GiB",
+        >>> result = memfit.share_jobs("examples/jobs.toml", budget="1GiB",
         ...                       overhead="16MiB", workdir="runs/share")  # doctest: +SKIP
         >>> print(result)                                                 # doctest: +SKIP
         >>> result["small"].peak, result.makespan, result.serial          # doctest: +SKIP

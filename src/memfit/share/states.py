@@ -20,7 +20,7 @@ __all__ = ["JobState", "Stop"]
 
 
 class JobState(StrEnum):
-    """Where a job is, or how it ended (:attr:`memfit.share.results.JobResult.state`)."""
+    """Where a job is, or how it ended (:attr:`memfit.share.share_results.JobResult.state`)."""
 
     QUEUED = "queued"               # one machine: waiting for room in the budget
     WAITING = "waiting"             # on Ray: not placed on a node yet

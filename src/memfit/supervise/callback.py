@@ -53,7 +53,7 @@ from memfit.supervise.metrics import (
     scalar_logs,
 )
 from memfit.supervise.preempt import SigtermGuard
-from memfit.supervise.protocol import SessionConfigError
+from memfit.supervise.restart_protocol import SessionConfigError
 from memfit.supervise.snapshot import fingerprint, load_arrays, load_model, save_model
 from memfit.supervise.state import CheckpointState
 from memfit.workdir import Workdir

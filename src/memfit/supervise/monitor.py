@@ -11,7 +11,7 @@ import keras
 
 from memfit import checks, exitcodes
 from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
-from memfit.memory.classify import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
+from memfit.memory.classifier import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.sizes import format_size, parse_size
@@ -28,7 +28,7 @@ class MemoryMonitor(keras.callbacks.Callback):
     Samples this process every ``every_n_batches`` batches and at every epoch end into the
     shared JSON-lines log (``WORKDIR/memory.jsonl``; ``memfit report WORKDIR`` draws it).
     After ``warmup_epochs`` it classifies the epoch-end anonymous RSS (see
-    :func:`memfit.memory.classify.classify`): ``stable``, ``warm-up``, ``leak`` (with
+    :func:`memfit.memory.classifier.classify`): ``stable``, ``warm-up``, ``leak`` (with
     MiB/epoch and when ``budget`` would be reached) or ``allocator-retention`` (a
     ``malloc_trim(0)`` probe gave most of the growth back); until there are enough epochs
     after the warm-up, ``too-short`` (said at the end of training, never logged as a

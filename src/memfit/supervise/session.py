@@ -15,7 +15,7 @@ restart requests); the callback that does the work is :mod:`memfit.supervise.cal
 
 Under ``memfit run`` the session also restarts itself on the supervisor's behalf: after
 ``--restart-every`` epochs, or when asked to (``--max-rss``, see
-:mod:`memfit.supervise.protocol`), it finishes the current step, checkpoints and exits
+:mod:`memfit.supervise.restart_protocol`), it finishes the current step, checkpoints and exits
 with ``memfit.exitcodes.RESTART`` (75).
 
 Preemption: while ``fit`` runs, SIGTERM (what Kubernetes, Slurm and spot instances send
@@ -60,10 +60,10 @@ from memfit.errors import CorruptShardError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
-from memfit.supervise import protocol, rng
+from memfit.supervise import restart_protocol, rng
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from memfit.supervise.protocol import SessionConfigError
+from memfit.supervise.restart_protocol import SessionConfigError
 from memfit.workdir import Workdir, default_workdir
 
 __all__ = ["Session", "SessionConfigError", "session", "current"]
@@ -101,7 +101,7 @@ class Session:
         self.checkpoint_every = checks.count("checkpoint_every", checkpoint_every,
                                              optional=True, example=100)
         self.verbose = verbose
-        self.workdir = Workdir(default_workdir(protocol.DEFAULT_WORKDIR) if workdir is None
+        self.workdir = Workdir(default_workdir(restart_protocol.DEFAULT_WORKDIR) if workdir is None
                                else workdir).create()
         self.store = CheckpointStore(self.workdir.checkpoints)
         self.store.clean()
@@ -158,7 +158,7 @@ class Session:
             batch_size: samples per batch.
             **kwargs: any other :func:`memfit.dataset` argument (not ``seed``/``epoch``).
         """
-        from memfit.data.stream import dataset
+        from memfit.data.read.dispatch import dataset
 
         for name in ("seed", "epoch"):
             if name in kwargs:
@@ -188,7 +188,7 @@ class Session:
     def pending_restart(self) -> str | None:
         """Why the session should exit for a restart now, or ``None``."""
         if self._restart_reason is None and self.supervised:
-            request = protocol.read_request(self.workdir.path)
+            request = restart_protocol.read_request(self.workdir.path)
             if request is not None:
                 self._restart_reason = request.reason
         return self._restart_reason

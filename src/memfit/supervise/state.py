@@ -1,7 +1,7 @@
 """What a checkpoint holds besides its files: the one contract between the two processes.
 
 The training process (:mod:`memfit.supervise.session`) writes a :class:`CheckpointState`
-with every checkpoint; the supervisor (:mod:`memfit.supervise.run`) reads it back to
+with every checkpoint; the supervisor (:mod:`memfit.supervise.supervisor`) reads it back to
 tell why its child exited (``reason``) and whether that checkpoint is new (``time``).
 Both go through this class, never through the keys of a dict. On disk it is the body
 of ``state.json`` (:mod:`memfit.supervise.checkpoint` adds ``format``,

@@ -370,7 +370,7 @@ def deadline_passed() -> None:
 
 def _verdict(st: _State) -> dict | None:
     from memfit.memory.allocator import malloc_trim, trim_available
-    from memfit.memory.classify import classify
+    from memfit.memory.classifier import classify
 
     warmup = 1
     if len(st.epoch_rss) >= MIN_EPOCH_VALUES:
@@ -392,7 +392,7 @@ def _verdict(st: _State) -> dict | None:
 
 def _kept(st: _State) -> dict | None:
     """Allocator retention seen after del + gc.collect() between fit calls, or None."""
-    from memfit.memory.classify import classify_release
+    from memfit.memory.classifier import classify_release
 
     verdict = classify_release(st.release.releases)
     return None if verdict is None else verdict.to_record()

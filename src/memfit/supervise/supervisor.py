@@ -6,7 +6,7 @@ its whole process tree with the one probe, and starts it again from its last che
 - every ``restart_every`` epochs (the child exits by itself with code 75);
 - when its anonymous RSS reaches ``max_rss``: it is asked to checkpoint after the
   current step and exit (a ``restart.request`` file, see
-  :mod:`memfit.supervise.protocol`);
+  :mod:`memfit.supervise.restart_protocol`);
 - when it reaches ``hard_rss``, or does not answer a request within ``grace`` seconds:
   it is killed, and resumes from its last checkpoint;
 - after a crash, a SIGKILL or an OOM kill, with exponential backoff.
@@ -45,15 +45,15 @@ from typing import Any
 
 from memfit import checks, exitcodes
 from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
-from memfit.memory.classify import TOO_SHORT
+from memfit.memory.classifier import TOO_SHORT
 from memfit.memory.log import Event, MemoryLog, check_log, read_log
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.sizes import format_size, parse_size
-from memfit.supervise import protocol
+from memfit.supervise import restart_protocol
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
-from memfit.supervise.results import Cause, ChildRun, RunResult
+from memfit.supervise.run_results import Cause, ChildRun, RunResult
 from memfit.workdir import Workdir
 
 __all__ = ["run"]
@@ -75,7 +75,7 @@ def _position(store: CheckpointStore) -> tuple[int, int]:
     return ckpt.position if ckpt else (0, 0)
 
 
-def run(command: Sequence[str], *, workdir: str | os.PathLike = protocol.DEFAULT_WORKDIR,
+def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol.DEFAULT_WORKDIR,
         restart_every: int | None = None, max_rss: str | int | None = None,
         hard_rss: str | int | None = None, max_restarts: int = 10, grace: float = 60.0,
         interval: float = 0.5, backoff: float = 1.0, max_backoff: float = 30.0,
@@ -179,7 +179,7 @@ class _Limits:
         return limits
 
     def environment(self, wd: Workdir) -> dict[str, str]:
-        """What the child is told (see :mod:`memfit.supervise.protocol`)."""
+        """What the child is told (see :mod:`memfit.supervise.restart_protocol`)."""
         env = {WORKDIR_ENV: str(wd.path.resolve()), SUPERVISOR_ENV: str(os.getpid())}
         if self.restart_every:
             env[RESTART_EVERY_ENV] = str(self.restart_every)
@@ -254,7 +254,7 @@ class _Supervisor:
 
     def run_child(self) -> ChildRun:
         """Starts one child from the newest checkpoint and watches it until it exits."""
-        protocol.clear_request(self.wd.path)
+        restart_protocol.clear_request(self.wd.path)
         resumed_at = _position(self.store)
         self.proc = start(self.command, self.env)
         self.samples = EvenSamples()
@@ -320,7 +320,7 @@ class _Supervisor:
                     killed = self._kill(proc, "hard-rss", rss=anon, limit=lim.hard_rss)
                 elif requested is None and lim.max_rss and anon >= lim.max_rss:
                     requested = now
-                    protocol.write_request(self.wd.path, "max-rss", rss=anon)
+                    restart_protocol.write_request(self.wd.path, "max-rss", rss=anon)
                     self.log.write(Event.REQUEST, pid=proc.pid, reason="max-rss", rss=anon,
                                    limit=lim.max_rss)
             if requested is not None and killed is None and now - requested > lim.grace \

@@ -1,4 +1,4 @@
-"""``memfit.doctor()``: run a training command for a few steps, measure it, say what to change.
+"""``memfit.run_doctor()``: run a training command for a few steps, measure it, say what to change.
 
 The command runs unchanged under :func:`memfit.memory.watch.watch` (its process tree is
 sampled from outside into ``WORKDIR/memory.jsonl``), with the in-process probe put into
@@ -111,7 +111,7 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
 
     Example:
         >>> import memfit
-        >>> result = memfit.doctor(["python", "train.py"], steps=50)     # doctest: +SKIP
+        >>> result = memfit.run_doctor(["python", "train.py"], steps=50)     # doctest: +SKIP
         >>> for f in result.findings:                                   # doctest: +SKIP
         ...     print(f.kind, f.bytes, f.fix[0])
 
