@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo bench clean
 
-$(STAMP): pyproject.toml setup.py src/memfit/data/format/cwindow.c
+$(STAMP): pyproject.toml constraints.txt setup.py src/memfit/data/format/cwindow.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,ray,parquet]'
+	$(PY) -m pip install --quiet -e '.[dev,ray,parquet,tensorflow,jax]' -c constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)

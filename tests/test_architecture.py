@@ -22,7 +22,7 @@ MAX_LINES = 600
 LAYERS: list[tuple[str, ...]] = [
     ("memfit._version", "memfit.errors", "memfit.exitcodes", "memfit.env", "memfit.checks",
      "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device",
-     "memfit.callable_package", "memfit.typed_json"),
+     "memfit.callable_package", "memfit.typed_json", "memfit.frameworks"),
     ("memfit.memory",),
     ("memfit.data", "memfit.estimate"),
     ("memfit.report",),

@@ -45,6 +45,7 @@ from memfit.device import configure_device
 from memfit.doctor.checkup import doctor as run_doctor
 from memfit.estimate.estimator import estimate as estimate_memory
 from memfit.estimate.memory_estimate import Estimate
+from memfit.frameworks import TENSORFLOW_EXTRA, require
 from memfit.memory import (
     Measurement,
     Sample,
@@ -69,14 +70,17 @@ __all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", 
 def __getattr__(name: str) -> Any:
     # TensorFlow is imported on first use of the streaming API, not by `import memfit`.
     if name in ("dataset", "DatasetPlan"):
+        require("tensorflow", "memfit.dataset (it feeds tf.data)", TENSORFLOW_EXTRA)
         from memfit.data.read import dispatch as stream
 
         return getattr(stream, name)
     if name == "session":
+        require("keras", "memfit.session", TENSORFLOW_EXTRA)
         from memfit.supervise.session import session
 
         return session
     if name == "MemoryMonitor":
+        require("keras", "memfit.MemoryMonitor", TENSORFLOW_EXTRA)
         from memfit.supervise.monitor import MemoryMonitor
 
         return MemoryMonitor

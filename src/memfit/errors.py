@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MemfitError", "DatasetError", "CorruptShardError"]
+__all__ = ["MemfitError", "DatasetError", "CorruptShardError", "FrameworkMissingError"]
 
 
 class MemfitError(Exception):
@@ -28,3 +28,9 @@ class CorruptShardError(MemfitError):
         super().__init__(message)
         self.file = file
         self.record = record
+
+
+class FrameworkMissingError(MemfitError, ImportError):
+    """A capability needs a framework that is not installed (TensorFlow, Keras); the
+    message names the extra that installs it. An :class:`ImportError` too, so that
+    ``except ImportError`` still catches it."""

@@ -25,6 +25,7 @@ from memfit.data.packing.packer import PackResult, pack
 from memfit.data.read.arrays_reader import ArraysPlan
 from memfit.data.read.plan import DatasetPlan
 from memfit.data.verification import inspect, verify
+from memfit.frameworks import TENSORFLOW_EXTRA, require
 
 __all__ = ["ArraysManifest", "ArraysPlan", "Feature", "Manifest", "PackResult", "dataset",
            "DatasetPlan", "inspect", "pack", "verify"]
@@ -32,6 +33,7 @@ __all__ = ["ArraysManifest", "ArraysPlan", "Feature", "Manifest", "PackResult", 
 
 def __getattr__(name: str) -> Any:
     if name == "dataset":
+        require("tensorflow", "memfit.dataset (it feeds tf.data)", TENSORFLOW_EXTRA)
         from memfit.data.read import dispatch as stream
 
         return stream.dataset

@@ -39,6 +39,7 @@ from memfit.atomic import write_text_atomic
 from memfit.env import CACHE_ENV
 from memfit.errors import MemfitError
 from memfit.estimate.measure import run_child
+from memfit.frameworks import TENSORFLOW_EXTRA, require
 from memfit.memory.probe import nvml_devices
 from memfit.sizes import format_size
 
@@ -232,6 +233,7 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
     Raises:
         CalibrationError: when the child fails, or on a GPU without NVML or a GPU.
     """
+    require("tensorflow", "memfit calibrate", TENSORFLOW_EXTRA)
     device = check_device(device)
     runs = checks.count("runs", runs, hint="Child processes to measure (the median is kept).")
     if device.startswith("gpu") and not _gpu_present():

@@ -59,6 +59,7 @@ from memfit.estimate.memory_estimate import Estimate, model_sum
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
+from memfit.frameworks import TENSORFLOW_EXTRA, require
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.quiet import filtered_stderr, quieted
@@ -107,6 +108,7 @@ class Estimator:
         if isinstance(optimizer, str):
             check_optimizer(optimizer)
         self.device = check_device(device)
+        require("tensorflow", "the estimate (it traces a TensorFlow graph)", TENSORFLOW_EXTRA)
         self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
                                                                      name="dataset_budget")
         with quieted(), filtered_stderr():      # TensorFlow's start-up lines

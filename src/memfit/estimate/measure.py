@@ -31,6 +31,7 @@ from typing import Any
 from memfit.errors import MemfitError
 from memfit.estimate.child_protocol import Report, read_reports
 from memfit.estimate.model import ModelSpec, check_batch_size, check_policy, parse_input_shape
+from memfit.frameworks import TENSORFLOW_EXTRA, require
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.process import ticks
@@ -199,6 +200,7 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
     Raises:
         MemfitError: if ``model`` is a live model object.
     """
+    require("tensorflow", "measuring a training", TENSORFLOW_EXTRA)   # in its child
     check_batch_size(batch_size)
     check_policy(dtype_policy)
     check_allocator(allocator)
