@@ -2,9 +2,10 @@
 and every capability that needs a framework says in one line which extra installs it.
 
 The frameworks are made absent the way a machine without them is: every Python process of
-the test (memfit, and the commands it starts) gets a ``sitecustomize`` whose import hook
-raises ``ModuleNotFoundError`` for them, as ``import tensorflow`` does where it is not
-installed.
+the test (memfit, and the commands it starts) gets a ``sitecustomize`` that makes the path
+finder find no ``tensorflow``, ``keras`` or ``jax`` on any path entry, so that importing them
+raises ``ModuleNotFoundError`` and ``importlib.util.find_spec`` finds nothing, as where they
+are not installed.
 """
 
 import os
@@ -20,15 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ABSENT = ("tensorflow", "keras", "jax", "jaxlib", "torch", "tf_keras")
 
 SITE = textwrap.dedent(f"""
-    import importlib.abc, sys
+    import importlib.machinery
 
-    class _Absent(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {ABSENT!r}:
-                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-            return None
+    _find = importlib.machinery.PathFinder.find_spec
 
-    sys.meta_path.insert(0, _Absent())
+    def _find_spec(fullname, path=None, target=None):
+        if fullname.split(".")[0] in {ABSENT!r}:
+            return None                     # not on any path entry: not installed
+        return _find(fullname, path, target)
+
+    importlib.machinery.PathFinder.find_spec = staticmethod(_find_spec)
 """)
 
 

@@ -8,8 +8,7 @@ callbacks. Each such entry point calls :func:`require` first, so that a missing 
 is one line naming the extra to install, not an ``ImportError`` from deep inside.
 
 Example:
-    >>> require("json", "memfit's JSON", "tensorflow").__name__
-    'json'
+    >>> require("json", "memfit's JSON", "tensorflow")           # there: nothing happens
     >>> require("no_such_framework", "memfit.dataset", "tensorflow")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -18,8 +17,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import types
+import importlib.util
 
 from memfit.errors import FrameworkMissingError
 
@@ -28,24 +26,24 @@ __all__ = ["require", "TENSORFLOW_EXTRA"]
 TENSORFLOW_EXTRA = "tensorflow"
 
 
-def require(module: str, what: str, extra: str) -> types.ModuleType:
-    """Imports ``module``, or raises the one line that says how to install it.
+def require(module: str, what: str, extra: str) -> None:
+    """Raises the one line that says how to install ``module`` where it is not installed.
+    It looks for the module without importing it: a framework is imported where memfit
+    keeps its start-up lines off the screen (:mod:`memfit.quiet`), not here.
 
     Args:
-        module: what to import (``"tensorflow"``, ``"keras"``).
+        module: a top-level module (``"tensorflow"``, ``"keras"``).
         what: the capability that needs it, as the user called it (``"memfit.dataset"``).
         extra: memfit's extra that installs it (``pip install 'memfit[EXTRA]'``).
 
     Raises:
-        FrameworkMissingError: ``module`` cannot be imported (exit code 2 under
-            ``memfit``).
+        FrameworkMissingError: ``module`` is not installed (exit code 2 under ``memfit``).
     """
     try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        top = module.split(".")[0]
-        if e.name is not None and e.name.split(".")[0] != top:
-            raise               # the framework is there, something it needs is broken
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
         raise FrameworkMissingError(
             f"{what} needs {module}, which is not installed: "
-            f"pip install 'memfit[{extra}]'") from None
+            f"pip install 'memfit[{extra}]'")
