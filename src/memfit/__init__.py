@@ -45,7 +45,7 @@ from memfit.device import configure_device
 from memfit.doctor.checkup import doctor as run_doctor
 from memfit.estimate.estimator import estimate as estimate_memory
 from memfit.estimate.memory_estimate import Estimate
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.frameworks import TENSORFLOW_EXTRA, require, require_for_data
 from memfit.memory import (
     Measurement,
     Sample,
@@ -70,7 +70,7 @@ __all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", 
 def __getattr__(name: str) -> Any:
     # TensorFlow is imported on first use of the streaming API, not by `import memfit`.
     if name in ("dataset", "DatasetPlan"):
-        require("tensorflow", "memfit.dataset (it feeds tf.data)", TENSORFLOW_EXTRA)
+        require_for_data("memfit.dataset")   # TensorFlow on its backend, else Keras
         from memfit.data.read import dispatch as stream
 
         return getattr(stream, name)

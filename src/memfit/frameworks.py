@@ -18,12 +18,17 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import sys
 
 from memfit.errors import FrameworkMissingError
 
-__all__ = ["require", "TENSORFLOW_EXTRA"]
+__all__ = ["require", "require_for_data", "keras_backend", "TENSORFLOW_EXTRA",
+           "KERAS_EXTRA"]
 
 TENSORFLOW_EXTRA = "tensorflow"
+KERAS_EXTRA = "jax"             # keras comes with memfit's jax extra (keras + jax)
 
 
 def require(module: str, what: str, extra: str) -> None:
@@ -47,3 +52,54 @@ def require(module: str, what: str, extra: str) -> None:
         raise FrameworkMissingError(
             f"{what} needs {module}, which is not installed: "
             f"pip install 'memfit[{extra}]'")
+
+
+def keras_backend() -> str:
+    """The backend Keras runs on (``"tensorflow"``, ``"jax"``, ``"torch"``), read without
+    importing Keras or TensorFlow: ``keras.backend.backend()`` once Keras is imported,
+    else what Keras will read when it is: ``KERAS_BACKEND``, else the ``"backend"`` of
+    ``keras.json`` in ``KERAS_HOME`` (``~/.keras``, or ``/tmp/.keras`` when the home
+    directory cannot be written), else ``"tensorflow"``.
+
+    Example:
+        >>> keras_backend() in ("tensorflow", "jax", "torch", "numpy", "openvino")
+        True
+    """
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend"):
+        return str(keras.backend.backend())
+    backend = "tensorflow"
+    home = os.environ.get("KERAS_HOME")
+    if home is None:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    try:
+        with open(os.path.expanduser(os.path.join(home, "keras.json"))) as f:
+            config = json.load(f)
+        if isinstance(config, dict) and isinstance(config.get("backend"), str):
+            backend = config["backend"]
+    except (OSError, ValueError):
+        pass
+    return os.environ.get("KERAS_BACKEND") or backend
+
+
+def require_for_data(what: str) -> str:
+    """Raises the one line that says what ``what`` (``memfit.dataset``) needs on Keras's
+    backend and is not installed: TensorFlow on the TensorFlow backend (``tf.data``); on
+    any other only Keras (and JAX on JAX), since it is fed by a ``keras.utils.PyDataset``.
+
+    Example:
+        >>> require_for_data("memfit.dataset") == keras_backend()
+        True
+
+    Returns:
+        The backend (:func:`keras_backend`).
+    """
+    backend = keras_backend()
+    if backend == "tensorflow":
+        require("tensorflow", f"{what} (it feeds tf.data)", TENSORFLOW_EXTRA)
+        return backend
+    if backend == "jax":
+        require("jax", f"{what} on Keras's JAX backend", KERAS_EXTRA)
+    require("keras", f"{what} on Keras's {backend} backend", KERAS_EXTRA)
+    return backend

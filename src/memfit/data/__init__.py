@@ -13,8 +13,9 @@ The rooms, each with its map in its ``__init__``:
 - :mod:`memfit.data.verification`: ``memfit inspect``, ``memfit verify``.
 
 Every room imports ``format``, which imports nothing of data; ``packing`` imports
-``sources``. ``memfit.data.read.dispatch`` imports TensorFlow; it is loaded on first use so
-that packing and the command line start fast.
+``sources``. ``memfit.data.read.dispatch`` imports TensorFlow on Keras's TensorFlow backend
+(on the others it feeds Keras a ``PyDataset``, :mod:`memfit.data.read.feeds`); it is loaded
+on first use so that packing and the command line start fast.
 """
 
 from typing import Any
@@ -25,7 +26,7 @@ from memfit.data.packing.packer import PackResult, pack
 from memfit.data.read.arrays_reader import ArraysPlan
 from memfit.data.read.plan import DatasetPlan
 from memfit.data.verification import inspect, verify
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.frameworks import require_for_data
 
 __all__ = ["ArraysManifest", "ArraysPlan", "Feature", "Manifest", "PackResult", "dataset",
            "DatasetPlan", "inspect", "pack", "verify"]
@@ -33,7 +34,7 @@ __all__ = ["ArraysManifest", "ArraysPlan", "Feature", "Manifest", "PackResult", 
 
 def __getattr__(name: str) -> Any:
     if name == "dataset":
-        require("tensorflow", "memfit.dataset (it feeds tf.data)", TENSORFLOW_EXTRA)
+        require_for_data("memfit.dataset")   # TensorFlow on its backend, else Keras
         from memfit.data.read import dispatch as stream
 
         return stream.dataset

@@ -17,5 +17,12 @@ Read top-down, as a ``memory_budget`` travels:
   and :mod:`~memfit.data.read.translate_errors` (TensorFlow's error for a damaged shard
   turned into memfit's :class:`~memfit.errors.CorruptShardError`).
 
-``dispatch`` imports TensorFlow; :mod:`memfit.data` loads it on first use.
+- :mod:`memfit.data.read.feeds`: the same readers fed to Keras as a
+  ``keras.utils.PyDataset`` on its other backends (JAX, PyTorch), without TensorFlow. It
+  is a sub-package of its own (``keras_feed``, ``block_feed``) because this room holds the
+  ten modules a room may hold, and a feed is one concept: how batches reach a framework
+  other than ``tf.data``.
+
+``dispatch`` imports TensorFlow only on its backend (and for the TF reader);
+:mod:`memfit.data` loads it on first use.
 """

@@ -50,7 +50,7 @@ import math
 import mmap
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,7 +67,7 @@ from memfit.sizes import format_size, parse_size
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["ArraysPlan", "dataset"]
+__all__ = ["ArraysPlan", "ArraysBatches", "dataset", "open_arrays"]
 
 _CHUNK_BYTES = 32 * 2**20       # rows read at once while caching
 _MAX_PREFETCH = 4               # batches
@@ -343,6 +343,55 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
     Returns:
         A ``tf.data.Dataset``; its ``memfit_plan`` attribute is an :class:`ArraysPlan`.
     """
+    return _build(open_arrays(
+        source, batch_size, split=split, features=features, memory_budget=memory_budget,
+        seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle, drop_remainder=drop_remainder,
+        on_corrupt=on_corrupt, shard=shard, input_context=input_context,
+        cap_arenas=cap_arenas, indices=indices, cache=cache))
+
+
+@dataclasses.dataclass
+class ArraysBatches:
+    """A ``.npy`` source opened and planned: batch ``s`` of epoch ``e`` is
+    ``batch_of(e, s)``, with no framework. The ``tf.data`` pipeline
+    (:func:`dataset`) and the Keras feed of other backends
+    (:mod:`memfit.data.read.feeds.keras_feed`) both hand over these batches.
+
+    Attributes:
+        plan: the :class:`ArraysPlan`.
+        names: the features of each batch, in order; dtypes, shapes: of each array
+            (per-sample shapes).
+        features: the caller's ``features`` (``None``: dict elements).
+        sharded: sharded by hand (``shard``/``input_context``).
+        drop_remainder: whether the last, smaller batch of an epoch is dropped.
+    """
+
+    plan: ArraysPlan
+    names: tuple[str, ...]
+    dtypes: list[np.dtype]
+    shapes: list[tuple[int, ...]]
+    features: tuple[str, ...] | None
+    sharded: bool
+    drop_remainder: bool
+    batch_of: Callable[[int, int], list[np.ndarray]]
+
+
+def open_arrays(source: Any, batch_size: int, *, split: str | None = None,
+                features: Sequence[str] | None = None, memory_budget: str | int = "256MiB",
+                seed: int | None = None, epoch: int = 0, epochs: int | None = None,
+                shuffle: bool = True, drop_remainder: bool = False,
+                on_corrupt: str = "raise", shard: tuple[int, int] | None = None,
+                input_context: Any = None, cap_arenas: bool = True, indices: Any = None,
+                cache: str | None = None) -> ArraysBatches:
+    """Checks the arguments, opens and plans a ``.npy`` source (the arguments of
+    :func:`dataset`); no framework is imported.
+
+    Example:
+        >>> np.save("x.npy", np.arange(10, dtype="float32"))
+        >>> src = open_arrays({"x": "x.npy"}, 4, features=("x",), shuffle=False)
+        >>> src.plan.steps_per_epoch, src.batch_of(0, 2)[0].tolist()
+        (3, [8.0, 9.0])
+    """
     batch_size, epoch, epochs = check_arguments(batch_size=batch_size, on_corrupt=on_corrupt,
                                                 epoch=epoch, epochs=epochs)
     if cache not in (None, "ram"):
@@ -376,9 +425,25 @@ def dataset(source: Any, batch_size: int, *, split: str | None = None,
         base = None if subset is None else subset.astype(id_dtype)
     order = _EpochIds(total, id_dtype, base, plan, shard, drop_remainder)
     whole = _WholeFiles(columns, src.paths)
-    return _build(columns, dtypes, names, order, plan,
-                  tuple(features) if features is not None else None, shard, drop_remainder,
-                  whole)
+    cols = [np.asarray(columns[n]) for n in names]       # plain views of the mappings
+    out_dtypes = [dtypes[n] for n in names]
+    # Batches alive: built ahead (parallel), handed over, prefetched, with the consumer.
+    gather_np = _Gatherer(cols, out_dtypes,
+                          keep=plan.parallel_reads + plan.prefetch_batches + 2)
+    per_epoch = order.per_epoch
+
+    def batch_of(e: int, s: int) -> list[np.ndarray]:
+        ids = order(e)[s * batch_size:min((s + 1) * batch_size, per_epoch)]
+        whole.check(ids)
+        return gather_np(ids)
+
+    return ArraysBatches(plan=plan, names=names, dtypes=out_dtypes,
+                         shapes=[tuple(c.shape[1:]) for c in cols],
+                         features=tuple(features) if features is not None else None,
+                         sharded=shard is not None, drop_remainder=drop_remainder,
+                         batch_of=batch_of)
+
+
 
 
 def _worker_samples(total: int, shard: tuple[int, int] | None) -> int:
@@ -435,30 +500,17 @@ class _EpochIds:
         return ids
 
 
-def _build(columns: dict[str, np.ndarray], dtypes: Mapping[str, np.dtype],
-           names: tuple[str, ...], epoch_ids: _EpochIds, plan: ArraysPlan,
-           features: tuple[str, ...] | None, shard: tuple[int, int] | None,
-           drop_remainder: bool, whole: _WholeFiles) -> tf.data.Dataset:
+def _build(src: ArraysBatches) -> tf.data.Dataset:
     """The tf.data pipeline: (epoch, step) pairs → a sequential map handing over batches
     gathered ahead on ``parallel_reads`` threads (:class:`WindowFeeder`, into the next
     epoch's first batches) → prefetch."""
-    batch, steps, per_epoch = plan.batch_size, plan.steps_per_epoch, epoch_ids.per_epoch
-    cols = [np.asarray(columns[n]) for n in names]       # plain views of the mappings
-    out_dtypes = [dtypes[n] for n in names]
-    # Batches alive: built ahead (parallel), handed over, prefetched, with the consumer.
-    gather_np = _Gatherer(cols, out_dtypes,
-                          keep=plan.parallel_reads + plan.prefetch_batches + 2)
-
-    def batch_of(e: int, s: int) -> list[np.ndarray]:
-        ids = epoch_ids(e)[s * batch:min((s + 1) * batch, per_epoch)]
-        whole.check(ids)
-        return gather_np(ids)
-
-    feeder = WindowFeeder(batch_of, steps, epoch=plan.epoch, epochs=plan.epochs,
-                          workers=plan.parallel_reads, ahead=plan.parallel_reads)
-    ds, counter = fed_dataset(feeder, steps, epoch=plan.epoch, epochs=plan.epochs,
-                              names=names, dtypes=out_dtypes,
-                              shapes=[c.shape[1:] for c in cols],
-                              rows=batch if drop_remainder else None,
-                              as_dict=features is None)
-    return finish(ds, plan, counter, sharded=shard is not None)
+    plan = src.plan
+    feeder = WindowFeeder(src.batch_of, plan.steps_per_epoch, epoch=plan.epoch,
+                          epochs=plan.epochs, workers=plan.parallel_reads,
+                          ahead=plan.parallel_reads)
+    ds, counter = fed_dataset(feeder, plan.steps_per_epoch, epoch=plan.epoch,
+                              epochs=plan.epochs, names=src.names, dtypes=src.dtypes,
+                              shapes=src.shapes,
+                              rows=plan.batch_size if src.drop_remainder else None,
+                              as_dict=src.features is None)
+    return finish(ds, plan, counter, sharded=src.sharded)

@@ -24,6 +24,14 @@ packs) are dispatched to :mod:`memfit.data.read.arrays_reader` (memory-mapped, a
 shuffle). This module is the dispatcher: it checks the arguments, chooses the reader and
 its plan (:class:`~memfit.data.read.plan.DatasetPlan`), and builds that reader's pipeline.
 
+On Keras's other backends (``keras.backend.backend() != "tensorflow"``, read without
+importing TensorFlow: :func:`memfit.frameworks.keras_backend`) the block reader and the
+arrays reader are handed to Keras as a ``keras.utils.PyDataset``
+(:mod:`memfit.data.read.feeds`), with the same plan and the same batches, and TensorFlow
+is not imported. The TF reader's shards (variable-shape features, GZIP/ZLIB,
+``reader="tf"``) are read with ``tf.data`` where TensorFlow is installed; where it is
+not, the error says which packing avoids it.
+
 Example:
     >>> ds = memfit.dataset("data/train", batch_size=256, features=("x", "y"),
     ...                     memory_budget="256MiB")                    # doctest: +SKIP
@@ -34,26 +42,29 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import tensorflow as tf
+from typing import TYPE_CHECKING, Any
 
 from memfit import checks
 from memfit.data.format.arrays_format import is_arrays_source
 from memfit.data.format.manifest import Manifest, Shard, Split
-from memfit.data.read import arrays_reader, tf_reader
+from memfit.data.read import arrays_reader
 from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.blocks.block_layout import why_not
 from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.plan import DatasetPlan, settle_plan
-from memfit.errors import CorruptShardError
+from memfit.errors import CorruptShardError, FrameworkMissingError
+from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
 from memfit.quiet import ignore_keras_shuffle_warning
 from memfit.sizes import parse_size
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 __all__ = ["dataset"]
 
@@ -124,18 +135,29 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             ``"blocks"``: the block reader, or an error saying why it cannot apply.
 
     Returns:
-        A ``tf.data.Dataset``; its ``memfit_plan`` attribute is the
-        :class:`~memfit.data.read.plan.DatasetPlan`
+        A ``tf.data.Dataset`` (on Keras's other backends, a ``keras.utils.PyDataset`` of
+        the same batches: :class:`~memfit.data.read.feeds.keras_feed.KerasFeed`); its
+        ``memfit_plan`` attribute is the :class:`~memfit.data.read.plan.DatasetPlan`
         (an :class:`~memfit.data.read.arrays_reader.ArraysPlan` for ``.npy`` sources).
+
+    Raises:
+        FrameworkMissingError: on a backend other than TensorFlow, shards only the TF
+            reader reads, and TensorFlow not installed.
     """
     # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
     ignore_keras_shuffle_warning()
+    backend = keras_backend()
     if is_arrays_source(path):
-        return arrays_reader.dataset(
-            path, batch_size, split=split, features=features, memory_budget=memory_budget,
-            seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
-            drop_remainder=drop_remainder, on_corrupt=on_corrupt, shard=shard,
-            input_context=input_context, cap_arenas=cap_arenas, indices=indices, cache=cache)
+        arguments = dict(split=split, features=features, memory_budget=memory_budget,
+                         seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
+                         drop_remainder=drop_remainder, on_corrupt=on_corrupt, shard=shard,
+                         input_context=input_context, cap_arenas=cap_arenas,
+                         indices=indices, cache=cache)
+        if backend != "tensorflow":         # a keras.utils.PyDataset: no TensorFlow
+            from memfit.data.read.feeds.keras_feed import arrays_feed
+
+            return arrays_feed(arrays_reader.open_arrays(path, batch_size, **arguments))
+        return arrays_reader.dataset(path, batch_size, **arguments)
     checks.choice("reader", reader, ("auto", "tf", "blocks"))
     if indices is not None or cache is not None:
         raise ValueError(f"indices= and cache= apply to .npy sources (memory-mapped arrays); "
@@ -156,11 +178,18 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
     plan = _choose(manifest, sp.name, shards, names, reader, where=path,
                    batch_size=batch_size, budget=budget, shuffle=shuffle, samples=samples,
                    drop_remainder=drop_remainder, seed=seed, epoch=epoch, epochs=epochs,
-                   cap_arenas=cap_arenas)
+                   cap_arenas=cap_arenas, backend=backend)
     if isinstance(plan, BlockReaderPlan):
         assert plan.dataset is not None
-        return build(BlockReader(manifest, shards, plan, on_corrupt), plan.dataset, features,
-                     drop_remainder=drop_remainder, sharded=shard is not None)
+        reader = BlockReader(manifest, shards, plan, on_corrupt)
+        if backend != "tensorflow":         # a keras.utils.PyDataset: no TensorFlow
+            from memfit.data.read.feeds.block_feed import block_feed
+
+            return block_feed(reader, plan, features, drop_remainder=drop_remainder)
+        return build(reader, plan.dataset, features, drop_remainder=drop_remainder,
+                     sharded=shard is not None)
+    from memfit.data.read import tf_reader
+
     return tf_reader.build(manifest, shards, plan, features, on_corrupt=on_corrupt,
                            drop_remainder=drop_remainder, sharded=shard is not None)
 
@@ -180,9 +209,10 @@ def _shards_of(split: Split, shard: tuple[int, int] | None) -> list[Shard]:
 def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[str, ...],
             reader: str, *, where: Any, batch_size: int, budget: int, shuffle: bool,
             samples: int, drop_remainder: bool, seed: int, epoch: int,
-            epochs: int | None, cap_arenas: bool) -> BlockReaderPlan | DatasetPlan:
+            epochs: int | None, cap_arenas: bool, backend: str) -> BlockReaderPlan | DatasetPlan:
     """The reader (the block reader where it applies, unless ``reader="tf"``) and its
-    settled plan; ``reader="blocks"`` where it does not apply is an error saying why."""
+    settled plan; ``reader="blocks"`` where it does not apply is an error saying why, and
+    so is the TF reader on another Keras backend where TensorFlow is not installed."""
     why = "reader='tf' was asked for" if reader == "tf" else why_not(manifest, shards)
     if reader == "blocks" and why is not None:
         raise ValueError(f"The block reader cannot read {where}: {why}. Use reader='auto' or "
@@ -192,6 +222,14 @@ def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[st
     if why is None:
         return plan_blocks(manifest, split, batch_size, budget, names=names, shards=shards,
                            cap_arenas=cap_arenas, **order)
+    if backend != "tensorflow" and importlib.util.find_spec("tensorflow") is None:
+        raise FrameworkMissingError(
+            f"memfit.dataset: {where} needs TensorFlow's TFRecord reader ({why}), and "
+            f"TensorFlow is not installed (Keras runs on {backend}): repack it with "
+            f"`memfit pack` without --compression and --variable (the block reader needs "
+            f"no TensorFlow), or pip install 'memfit[{TENSORFLOW_EXTRA}]'")
+    from memfit.data.read import tf_reader
+
     plan = tf_reader.plan_tf(manifest, split, batch_size, budget, files=len(shards), **order)
     plan = dataclasses.replace(plan, reader_note=why) if reader == "auto" else plan
     return settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
