@@ -39,7 +39,7 @@ import numpy as np
 from memfit import exitcodes
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
-from memfit.supervise import callback_state, fit_hooks, rng
+from memfit.supervise import callback_state, exactness, fit_hooks, rng
 from memfit.supervise.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -50,6 +50,7 @@ from memfit.supervise.metrics import (
     metrics_result,
     read_metrics,
     restore_metrics,
+    restore_metrics_in_state,
     scalar_logs,
 )
 from memfit.supervise.preempt import SigtermGuard
@@ -118,6 +119,10 @@ class SessionCallback(keras.callbacks.Callback):
         self._watcher: callback_state.Watcher | None = None
         self._warned: set[str] = set()
         self._epoch_logs: dict | None = None
+        # The RNG states when the current epoch began, and a mid-epoch checkpoint's
+        # states to put back after its skipped steps.
+        self._epoch_rng: dict | None = None
+        self._pending_rng: dict | None = None
 
     # Seeing the other callbacks ------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -221,6 +226,9 @@ class SessionCallback(keras.callbacks.Callback):
             return
         self._restored = True
         s = self.session
+        problem = exactness.refusal(keras.backend.backend())
+        if problem is not None:
+            raise SessionConfigError(problem)
         if self._list is None:          # fit_hooks did not find fit's callback list
             print(f"memfit: warning: the session cannot see fit's other callbacks in this "
                   f"Keras ({keras.__version__}); their state is not saved, so a resume is "
@@ -251,10 +259,19 @@ class SessionCallback(keras.callbacks.Callback):
 
     def _restore(self, ckpt: Checkpoint) -> None:
         self._restore_metrics = load_model(ckpt, self.model, self.session.workdir.path)
-        if ckpt.contents.rng is not None:
-            rng.restore(dict(ckpt.contents.rng))
+        saved = ckpt.contents
+        if saved.rng is not None:
+            if saved.step and saved.epoch_rng is not None:
+                # Inside an epoch: the RNGs as the epoch began, so that it draws its data
+                # order again as it did (fit on NumPy arrays with shuffle=True draws it
+                # from NumPy's generator); the checkpoint's states go back after the
+                # skipped steps.
+                rng.restore(dict(saved.epoch_rng))
+                self._pending_rng = dict(saved.rng)
+            else:
+                rng.restore(dict(saved.rng))
         self._position = ckpt.position
-        self._skip_logs = dict(ckpt.contents.logs)
+        self._skip_logs = dict(saved.logs)
 
     def _skip_steps(self, step: int) -> None:
         """Makes the first ``step`` training steps of the resumed epoch read their batch
@@ -264,12 +281,18 @@ class SessionCallback(keras.callbacks.Callback):
         self._skip = math.ceil(step / per_call)
         self._original_train_function = model.train_function
         logs = self._skip_logs
+        jax_state = keras.backend.backend() == "jax"
 
-        def skipping(data: Any) -> dict:
+        def skipping(*call: Any) -> Any:
+            # TensorFlow: train_function(iterator) -> logs; JAX: train_function(state,
+            # iterator) -> (logs, state), the model's variables held in ``state``;
+            # PyTorch: train_function(batches) -> logs.
+            data = call[-1]
+            state = call[0] if jax_state and len(call) == 2 else None
             if self._skip > 0:
                 self._skip -= 1
-                # TensorFlow's train function pulls its batches from the iterator it is
-                # given (other backends get them pulled already, in a list).
+                # TensorFlow's and JAX's train functions pull their batches from the
+                # iterator they are given (PyTorch gets them pulled already, in a list).
                 batches = data if isinstance(data, list | tuple) else []
                 if not isinstance(data, list | tuple):
                     for _ in range(per_call):
@@ -279,20 +302,30 @@ class SessionCallback(keras.callbacks.Callback):
                             break
                 if self._restore_metrics is not None and batches:
                     saved, self._restore_metrics = self._restore_metrics, None
-                    restore_metrics(model, saved, batches[0])
-                return dict(logs)
-            self._unwrap()
-            return model.train_function(data)
+                    if state is not None:
+                        state = restore_metrics_in_state(model, saved, state)
+                    else:
+                        restore_metrics(model, saved, batches[0])
+                if self._skip == 0 and self._pending_rng is not None:
+                    rng.restore(self._pending_rng)      # where the checkpoint left them
+                    self._pending_rng = None
+                return (dict(logs), state) if state is not None else dict(logs)
+            # Not self.model here: on JAX that syncs the step state into the variables,
+            # and the train function is about to donate (free) that state.
+            self._unwrap(model)
+            return model.train_function(*call)
 
         model.train_function = skipping
 
-    def _unwrap(self) -> None:
+    def _unwrap(self, model: Any = None) -> None:
         if self._original_train_function is not None:
-            self.model.train_function = self._original_train_function
+            (model if model is not None else self.model).train_function = \
+                self._original_train_function
             self._original_train_function = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._position = (epoch, self._position[1] if epoch == self._position[0] else 0)
+        self._epoch_rng = rng.capture()
 
     # Checkpointing ------------------------------------------------------------------------
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -383,6 +416,7 @@ class SessionCallback(keras.callbacks.Callback):
         callbacks, arrays, inexact = self._callback_state()
         state = CheckpointState(epoch=epoch, step=step, seed=s.seed, reason=reason,
                                 history=s.history, logs=logs, rng=rng.capture(),
+                                epoch_rng=self._epoch_rng if step else None,
                                 fingerprint=fingerprint(model), callbacks=callbacks,
                                 stopped=bool(model.stop_training), inexact=inexact)
         try:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["read_state", "write_state", "metric_variables", "read_metrics", "metrics_result",
-           "restore_metrics", "scalar_logs"]
+           "restore_metrics", "restore_metrics_in_state", "scalar_logs"]
 
 
 def _replicas(variable: Any) -> tuple | None:
@@ -107,6 +107,42 @@ def restore_metrics(model: Any, saved: Sequence[np.ndarray], batch: Any) -> None
         return
     for variable, value in zip(variables, saved, strict=True):
         write_state(variable, value)
+
+
+def restore_metrics_in_state(model: Any, saved: Sequence[np.ndarray], state: tuple) -> tuple:
+    """The JAX trainer's step state with the checkpoint's metric states in it.
+
+    On the JAX backend ``fit`` takes the model's variables out into a state tuple
+    ``(trainable, non_trainable, optimizer, metrics)`` when an epoch's first step begins
+    (the variables themselves are emptied until a callback syncs them back), and each
+    step returns the next tuple. A value assigned to a metric variable there would be
+    lost: the resumed epoch's metric states go into the tuple instead. The metrics are
+    built before ``fit`` calls any callback on this backend. Metrics that differ from the
+    checkpoint's are left as they are, with a warning (as :func:`restore_metrics` does).
+
+    Example:
+        >>> restore_metrics_in_state(None, [], ([], [], [], []))    # nothing saved
+        ([], [], [], [])
+
+    Args:
+        model: the model being trained.
+        saved: the metric states the checkpoint holds, in :func:`metric_variables` order.
+        state: the step state the train function was called with.
+    """
+    if not saved:
+        return state
+    import keras
+
+    *others, current = state
+    current = list(current)
+    if len(current) != len(saved) or \
+            [tuple(v.shape) for v in saved] != [tuple(v.shape) for v in current]:
+        print("memfit: the metrics differ from the checkpoint's; this epoch's logged "
+              "metrics cover only the steps since the resume", file=sys.stderr)
+        return state
+    values = [keras.ops.convert_to_tensor(value, dtype=now.dtype)
+              for value, now in zip(saved, current, strict=True)]
+    return (*others, values)
 
 
 def scalar_logs(logs: dict | None) -> dict[str, float]:

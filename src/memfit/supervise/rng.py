@@ -6,6 +6,13 @@ own seed generator (``Dropout``, ``RandomFlip``...: those are variables that Ker
 weight files leave out). TensorFlow op-level seeds need no state: they follow from the
 global seed that :func:`seed_everything` sets.
 
+On the JAX (and PyTorch) backend every Keras random op draws from those seed generators
+(JAX's own PRNG is functional: it has no hidden state to capture), so the states above
+are all there is. There :func:`seed_everything` does not import TensorFlow to seed it, as
+``keras.utils.set_random_seed`` does whenever TensorFlow is installed (seconds of start-up
+and hundreds of MiB for a framework the training does not use): it seeds TensorFlow only
+when the script has imported it already (a ``tf.data`` input pipeline).
+
 Example:
     >>> state = capture()
     >>> import random; a = random.random()
@@ -16,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -24,10 +32,28 @@ __all__ = ["seed_everything", "capture", "restore"]
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds Python, NumPy, TensorFlow and Keras (``keras.utils.set_random_seed``)."""
+    """Seeds Python, NumPy, TensorFlow and Keras (``keras.utils.set_random_seed``); on a
+    backend other than TensorFlow, TensorFlow only if it is imported already."""
     import keras
 
-    keras.utils.set_random_seed(seed)
+    if keras.backend.backend() == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+        return
+    # keras.utils.set_random_seed less its `import tensorflow` (Keras 3.15 does these
+    # things, then seeds TensorFlow; tests/supervise/test_jax_session.py fails if that
+    # changes).
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.manual_seed(seed)
 
 
 def _keras_global_generator() -> Any:
@@ -41,13 +67,14 @@ def _keras_global_generator() -> Any:
 
 def capture() -> dict:
     """The process-wide RNG states, as JSON-able data."""
+    # First: the first import of Keras draws from Python's generator.
+    generator = _keras_global_generator()
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
     }
-    generator = _keras_global_generator()
     if generator is not None:
         state["keras_global"] = np.asarray(generator.state.numpy()).tolist()
     return state

@@ -60,7 +60,7 @@ from memfit.errors import CorruptShardError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
-from memfit.supervise import restart_protocol, rng
+from memfit.supervise import exactness, restart_protocol, rng
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from memfit.supervise.restart_protocol import SessionConfigError
@@ -133,9 +133,11 @@ class Session:
         if os.environ.get(GPU_MEMORY_LIMIT_ENV) or os.environ.get(GPU_MEMORY_GROWTH_ENV):
             self.device = configure_device()
         if deterministic:
-            import tensorflow as tf
+            import keras
 
-            tf.config.experimental.enable_op_determinism()
+            problem = exactness.enable_determinism(keras.backend.backend())
+            if problem is not None:
+                raise SessionConfigError(problem)
         rng.seed_everything(self.seed)
         log = self.workdir.log
         self.log = MemoryLog(log, source="session",
@@ -267,9 +269,12 @@ def session(workdir: str | os.PathLike | None = None, *, seed: int | None = None
             is an error: it would be another run.
         checkpoint_every: also checkpoint every this many steps (``None``: at epoch ends
             only, and when a restart is asked).
-        deterministic: turn on TensorFlow's op determinism, for bit-identical resumes
-            (``tf.config.experimental.enable_op_determinism``; some ops then refuse to
-            run or run slower).
+        deterministic: make the backend deterministic, for bit-identical resumes: on
+            TensorFlow its op determinism (``tf.config.experimental.
+            enable_op_determinism``; some ops then refuse to run or run slower), on JAX
+            ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` (the session must then come
+            before JAX's first computation; on the CPU XLA is deterministic already).
+            See :mod:`memfit.supervise.exactness`.
         verbose: 0 for silence; 1 prints a line when resuming and when exiting to be
             restarted.
 
@@ -284,7 +289,7 @@ def session(workdir: str | os.PathLike | None = None, *, seed: int | None = None
     try:
         return Session(workdir, seed=seed, checkpoint_every=checkpoint_every,
                        deterministic=deterministic, verbose=verbose)
-    except CheckpointError as e:
+    except (CheckpointError, SessionConfigError) as e:
         if os.environ.get(SUPERVISOR_ENV):
             _refuse(e, None)
         raise

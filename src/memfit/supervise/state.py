@@ -46,6 +46,9 @@ class CheckpointState:
         history: per-epoch logs of every epoch so far (like ``History.history``).
         logs: the running means of a half-done epoch (shown for its skipped steps).
         rng: the process-wide RNG states (:func:`memfit.supervise.rng.capture`).
+        epoch_rng: for a checkpoint inside an epoch, the same states when that epoch
+            began (before its data order was drawn: ``fit`` on NumPy arrays with
+            ``shuffle=True`` draws it from NumPy's global generator), or ``None``.
         fingerprint: what must match the model it is loaded into
             (:func:`memfit.supervise.snapshot.fingerprint`).
         callbacks: the other callbacks' state by ``CLASS#N``
@@ -65,6 +68,7 @@ class CheckpointState:
     history: Mapping[str, list[float]] = dataclasses.field(default_factory=dict)
     logs: Mapping[str, float] = dataclasses.field(default_factory=dict)
     rng: Mapping[str, Any] | None = None
+    epoch_rng: Mapping[str, Any] | None = None
     fingerprint: Mapping[str, Any] | None = None
     callbacks: Mapping[str, Any] | None = None
     stopped: bool = False
@@ -83,6 +87,7 @@ class CheckpointState:
                                 "reason": self.reason,
                                 "history": {k: list(v) for k, v in self.history.items()},
                                 "logs": dict(self.logs), "rng": self.rng,
+                                "epoch_rng": self.epoch_rng,
                                 "fingerprint": self.fingerprint,
                                 "callbacks": None if self.callbacks is None else
                                 dict(self.callbacks),
@@ -110,6 +115,7 @@ class CheckpointState:
                    history=_table("history", data.get("history", {}), _series),
                    logs=_table("logs", data.get("logs", {}), _number),
                    rng=_table("rng", data.get("rng"), None, optional=True),
+                   epoch_rng=_table("epoch_rng", data.get("epoch_rng"), None, optional=True),
                    fingerprint=_table("fingerprint", data.get("fingerprint"), None,
                                       optional=True),
                    callbacks=_table("callbacks", data.get("callbacks"), None, optional=True),
