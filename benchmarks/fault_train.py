@@ -1,6 +1,6 @@
 """The training that benchmarks/faults.py kills: a small Keras run under memfit.session.
 
-    python benchmarks/fault_train.py DATA OUT --config divides [--epochs 3]
+    python benchmarks/fault_train.py DATA OUT --config divides [--epochs 3] [--backend jax]
 
 DATA holds the packed sets `cls` (16 features, 4 classes) and `img` (8x8x1 images,
 4 classes), each with a `train` and a `val` split. OUT gets `final.npz` (weights) and
@@ -16,6 +16,11 @@ With `--config callbacks` the run also has EarlyStopping, ReduceLROnPlateau,
 ModelCheckpoint (best only, and every 7 batches), CSVLogger, TensorBoard, a
 LearningRateScheduler, TerminateOnNaN and a user callback with get_state/set_state, and OUT
 gets `callbacks.json` (their end states) and `log.csv`, which the campaign compares too.
+
+With `--backend jax` it runs on Keras's JAX backend without importing TensorFlow: the data
+are DATA's `cls.npz`/`img.npz`/`noise.npz` arrays (the first 80 % to train, given to `fit`
+with `shuffle=True`; the rest to validate), TensorBoard is left out, and `mirrored`
+(tf.distribute) is refused.
 
 Phases: import (interpreter start to the session), build (model and data), restore
 (fit's start: the checkpoint is loaded, the done steps are skipped), step (a training
@@ -72,15 +77,21 @@ p.add_argument("data")
 p.add_argument("out")
 p.add_argument("--config", choices=sorted(CONFIGS), default="divides")
 p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
 args = p.parse_args()
 config = CONFIGS[args.config]
+JAX = args.backend == "jax"
+if JAX and config.get("mirrored"):
+    p.error("--config mirrored is tf.distribute's: TensorFlow only")
+os.environ["KERAS_BACKEND"] = args.backend
 
-import tensorflow as tf  # noqa: E402
+if not JAX:
+    import tensorflow as tf
 
-if config.get("mirrored"):
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    if config.get("mirrored"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -154,7 +165,9 @@ def common_callbacks(out: str) -> tuple[list, dict]:
         "every": keras.callbacks.ModelCheckpoint(os.path.join(out, "every.weights.h5"),
                                                  save_weights_only=True, save_freq=7),
         "csv": keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
-        "board": keras.callbacks.TensorBoard(os.path.join(out, "tb"), update_freq=5),
+        # TensorBoard writes through tf.summary: left out on JAX (no TensorFlow there)
+        **({} if JAX else {"board": keras.callbacks.TensorBoard(os.path.join(out, "tb"),
+                                                                update_freq=5)}),
         "schedule": keras.callbacks.LearningRateScheduler(
             lambda epoch, lr: lr * 0.9 if epoch % 2 else lr),
         "nan": keras.callbacks.TerminateOnNaN(),
@@ -168,8 +181,8 @@ def callback_summary(named: dict) -> dict:
             "best_epoch": named["stop"].best_epoch, "best": float(named["best"].best),
             "plateau_best": float(named["plateau"].best),
             "every_seen": named["every"]._batches_seen_since_last_saving,
-            "train_batch": named["board"]._global_train_batch,
-            "test_batch": named["board"]._global_test_batch,
+            "train_batch": named["board"]._global_train_batch if "board" in named else None,
+            "test_batch": named["board"]._global_test_batch if "board" in named else None,
             "counter": named["counter"].get_state()}
 
 
@@ -203,20 +216,34 @@ data = os.path.join(args.data, config["data"])
 with memfit.session(seed=7, checkpoint_every=config["every"], deterministic=True,
                     verbose=1) as s:
     phase("build")
-    strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-                if config.get("mirrored") else tf.distribute.get_strategy())
-    with strategy.scope():
+    if JAX:
         model = build(config["data"])
+    else:
+        strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+                    if config.get("mirrored") else tf.distribute.get_strategy())
+        with strategy.scope():
+            model = build(config["data"])
     MODEL.append(model)
-    train = s.dataset(data, 32, split="train", features=("x", "y"))
-    val = (memfit.dataset(data, 32, split="val", features=("x", "y"), shuffle=False)
-           if config["validation"] else None)
     extra, named = common_callbacks(OUT) if config.get("callbacks") else ([], {})
     # The session's callback sits among the others, not at either end.
     callbacks = [Before(), *extra[:2], s.callback, *extra[2:], After()]
-    history = model.fit(train, validation_data=val,
-                        epochs=max(args.epochs, config.get("min_epochs", 0)),
-                        callbacks=callbacks, verbose=0)
+    epochs = max(args.epochs, config.get("min_epochs", 0))
+    if JAX:
+        # In-memory NumPy arrays, shuffled by fit from NumPy's global generator (the
+        # TF-free memfit.dataset feed for JAX is not there yet): the session puts that
+        # generator back as each epoch began, so a resumed epoch draws the same order.
+        with np.load(os.path.join(args.data, f"{config['data']}.npz")) as arrays:
+            x, y = arrays["x"], arrays["y"]
+        cut = len(x) * 4 // 5
+        history = model.fit(x[:cut], y[:cut], batch_size=32, shuffle=True,
+                            validation_data=(x[cut:], y[cut:]) if config["validation"]
+                            else None, epochs=epochs, callbacks=callbacks, verbose=0)
+    else:
+        train = s.dataset(data, 32, split="train", features=("x", "y"))
+        val = (memfit.dataset(data, 32, split="val", features=("x", "y"), shuffle=False)
+               if config["validation"] else None)
+        history = model.fit(train, validation_data=val, epochs=epochs,
+                            callbacks=callbacks, verbose=0)
     phase("finish")
 
 tmp = os.path.join(OUT, ".tmp-final.npz")

@@ -3,6 +3,7 @@ check that it ends bit-identical to an uninterrupted run.
 
     .venv/bin/python benchmarks/faults.py                  # the full campaign (~15 min)
     .venv/bin/python benchmarks/faults.py --fast --json F  # the variant `make test` runs
+    .venv/bin/python benchmarks/faults.py --backend jax    # the same on Keras's JAX backend
 
 Each configuration of benchmarks/fault_train.py (checkpoint_every dividing the epoch's
 steps and not, with and without validation and metrics, Dropout/BatchNormalization/
@@ -66,18 +67,24 @@ def make_data(path: Path) -> None:
     y = np.argmax(x @ rng.normal(size=(16, 4)), axis=1).astype("int64")
     memfit.pack({"x": x, "y": y}, path / "cls", shards=2, split="train=0.8,val=0.2",
                 progress=False)
+    np.savez(path / "cls.npz", x=x, y=y)        # the JAX runs' in-memory arrays
     xi = rng.normal(size=(800, 8, 8, 1)).astype("float32")
     yi = np.argmax(xi.reshape(800, -1)[:, :4], axis=1).astype("int64")
     memfit.pack({"x": xi, "y": yi}, path / "img", shards=2, split="train=0.8,val=0.2",
                 progress=False)
+    np.savez(path / "img.npz", x=xi, y=yi)
     yn = rng.integers(0, 4, size=800).astype("int64")        # noise: validation stalls
     memfit.pack({"x": x, "y": yn}, path / "noise", shards=2, split="train=0.8,val=0.2",
                 progress=False)
+    np.savez(path / "noise.npz", x=x, y=yn)
+
+
+BACKEND = ["tensorflow"]     # the Keras backend of the trainings (--backend)
 
 
 def command(data: Path, out: Path, config: str, epochs: int) -> list[str]:
     return [sys.executable, str(TRAIN), str(data), str(out), "--config", config,
-            "--epochs", str(epochs)]
+            "--epochs", str(epochs), "--backend", BACKEND[0]]
 
 
 def read_phase(out: Path) -> tuple[str, int, int] | None:
@@ -405,7 +412,11 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", default="divides,uneven,augment,mirrored,callbacks")
+    p.add_argument("--configs", help="default: divides,uneven,augment,mirrored,callbacks "
+                   "(on JAX without mirrored, which is tf.distribute's)")
+    p.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow",
+                   help="the Keras backend of the trainings (jax: in-memory NumPy data, "
+                        "no TensorFlow imported by them)")
     p.add_argument("--runs", type=int, default=5, help="SIGKILL runs per configuration")
     p.add_argument("--kills", type=int, default=5, help="SIGKILLs per run")
     p.add_argument("--terms", type=int, default=2,
@@ -418,9 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every kill's record here")
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
     args = p.parse_args(argv)
+    if args.configs is None:
+        args.configs = "divides,uneven,augment,callbacks" if args.backend == "jax" else \
+            "divides,uneven,augment,mirrored,callbacks"
     if args.fast:
         args.configs, args.runs, args.kills, args.terms, args.epochs = \
             "divides,augment", 1, 4, 1, 2
+    BACKEND[0] = args.backend
     configs = [c for c in args.configs.split(",") if c]
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="memfit-faults-") as tmp:
@@ -432,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     print(table(result))
     print(f"\n{len(result['records'])} signals in {result['seconds']:.0f} s "
-          f"(seed {args.seed}; configurations {', '.join(configs)})")
+          f"(seed {args.seed}; backend {args.backend}; configurations "
+          f"{', '.join(configs)})")
     failed = [o for o in result["outcomes"] if not (o["finished"] and o["identical"])]
     bad = [r for r in result["records"] if r["checkpoint_problem"]]
     return 1 if failed or bad else 0
