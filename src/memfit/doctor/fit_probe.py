@@ -487,7 +487,11 @@ def _model_and_device(st: _State) -> dict[str, Any]:
     except Exception:               # noqa: BLE001
         gpu = None
     out: dict[str, Any] = {"gpu": gpu, "model_file": None, "estimate": None}
-    if "keras" in sys.modules:
+    # The estimator traces TensorFlow graphs: on another Keras backend (JAX) it would
+    # import TensorFlow into the training it measures, and not describe its memory.
+    keras = sys.modules.get("keras")
+    backend = getattr(getattr(keras, "backend", None), "backend", None)
+    if keras is not None and callable(backend) and backend() == "tensorflow":
         e = out["estimate"] = _estimate(st, "gpu:0" if gpu else "cpu")
         if (e and "error" not in e and e["batch_memory"] >= SAVE_MODEL_ACTIVATIONS
                 and st.results_dir is not None):

@@ -34,7 +34,8 @@ from memfit import checks
 from memfit.sizes import format_size
 
 __all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
-           "nvml_memory", "extended_record", "shares_memory"]
+           "jax_device_memory", "device_stats", "nvml_memory", "extended_record",
+           "shares_memory"]
 
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file",
                   "RssShmem": "rss_shmem", "VmHWM": "rss_peak"}
@@ -385,6 +386,58 @@ def tf_gpu_memory() -> dict[str, dict[str, int]] | None:
     return out or None
 
 
+def device_stats(devices: list) -> dict[str, dict[str, int]] | None:
+    """The allocator statistics of JAX devices (``device.memory_stats()``), in the
+    record's ``gpu`` form: ``{"GPU:0": {"current", "peak", "limit"}}`` (bytes in use,
+    the peak, the allocator's limit), ``None`` when no device keeps any (the CPU's
+    ``memory_stats()`` returns ``None``).
+
+    Example:
+        >>> class Device:
+        ...     platform, id = "gpu", 0
+        ...     def memory_stats(self):
+        ...         return {"bytes_in_use": 5, "peak_bytes_in_use": 9, "bytes_limit": 16}
+        >>> device_stats([Device()])
+        {'GPU:0': {'current': 5, 'peak': 9, 'limit': 16}}
+
+    Args:
+        devices: JAX devices (``jax.local_devices()``).
+    """
+    out = {}
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:                              # a backend without statistics
+            stats = None
+        if not stats or "bytes_in_use" not in stats:
+            continue
+        entry = {"current": int(stats["bytes_in_use"]),
+                 "peak": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"]))}
+        if stats.get("bytes_limit"):
+            entry["limit"] = int(stats["bytes_limit"])
+        out[f"{str(device.platform).upper()}:{device.id}"] = entry
+    return out or None
+
+
+def jax_device_memory() -> dict[str, dict[str, int]] | None:
+    """JAX's allocator statistics per local device (:func:`device_stats`); ``None``
+    without JAX imported, before JAX started its backend (reading them would start it,
+    and settle its platform and flags too early), or on the CPU. Never imports JAX."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        from jax._src import xla_bridge
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+        return device_stats(jax.local_devices())
+    except Exception:                                  # another JAX: no statistics
+        return None
+
+
 _nvml_state: dict = {}
 
 
@@ -442,7 +495,8 @@ def extended_record(pid: int | None = None, *, python: bool = False) -> dict:
     """A log record of :func:`sample` plus whatever optional sources are available."""
     record = sample(pid).as_record()
     heap = python_heap() if python else None
-    gpu = tf_gpu_memory() if pid in (None, os.getpid()) else None
+    own = pid in (None, os.getpid())
+    gpu = (tf_gpu_memory() or jax_device_memory()) if own else None
     nvml = nvml_memory(pid) if gpu else None
     for key, value in (("py_heap", heap), ("gpu", gpu), ("nvml", nvml)):
         if value is not None:
