@@ -5,6 +5,7 @@ import sys
 import warnings
 
 import numpy as np
+import pytest
 
 from memfit import quiet
 from memfit.memory import process
@@ -128,3 +129,69 @@ def test_a_grandchild_holding_stderr_does_not_hold_up_wait(tmp_path):
         assert (tmp_path / "err").read_text() == "parent done\n"
     finally:
         os.kill(int((tmp_path / "out").read_text()), signal.SIGKILL)
+
+
+# As JAX 0.10 logs them when it starts its backend: with logging's default format, bare
+# (logging's last-resort handler), and in absl's format (TensorFlow imported too).
+JAX_STARTUP = """\
+INFO:jax._src.xla_bridge:Unable to initialize backend 'tpu': INTERNAL: Failed to open \
+libtpu.so: libtpu.so: cannot open shared object file: No such file or directory
+Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so: libtpu.so: cannot \
+open shared object file: No such file or directory
+I0917 14:44:05.157831 140221 xla_bridge.py:846] Unable to initialize backend 'tpu': \
+INTERNAL: Failed to open libtpu.so
+An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib is not installed. \
+Falling back to cpu.
+WARNING:jax._src.xla_bridge:A Google TPU may be present on this machine, but either a \
+TPU-enabled jaxlib or libtpu is not installed. Falling back to cpu.
+"""
+JAX_KEPT = """\
+Unable to initialize backend 'cuda': FAILED_PRECONDITION: No visible GPU devices.
+WARNING:jax._src.xla_bridge:something else JAX says
+"""
+
+
+def test_jaxs_startup_lines_are_noise_and_its_real_errors_are_not():
+    assert all(is_noise(line) for line in JAX_STARTUP.splitlines())
+    assert not any(is_noise(line) for line in JAX_KEPT.splitlines())
+    f = LineFilter()
+    data = (JAX_STARTUP + JAX_KEPT).encode()
+    out = b"".join(f.feed(data[i:i + 5]) for i in range(0, len(data), 5))
+    assert out + f.flush() == JAX_KEPT.encode()
+
+
+JAX_CHILD = ("import logging, sys\n"
+             "logging.basicConfig(level=logging.INFO)\n"
+             "import jax\n"
+             "print(jax.devices()[0].platform)\n"
+             "print('user line', file=sys.stderr)\n")
+
+
+def test_a_jax_child_started_by_memfit_loses_the_tpu_line(tmp_path):
+    pytest.importorskip("jax")
+
+    def run() -> str:
+        with open(tmp_path / "err.txt", "wb") as f:
+            env = {"JAX_PLATFORMS": ""}
+            assert process.start([sys.executable, "-c", JAX_CHILD], env, stderr=f,
+                                 stdout=open(os.devnull, "wb")).wait() == 0
+        return (tmp_path / "err.txt").read_text()
+
+    plain = run()
+    assert "Unable to initialize backend 'tpu'" in plain     # what JAX prints here
+    with quieted():
+        kept = run()
+    assert "Unable to initialize backend 'tpu'" not in kept and "user line" in kept
+
+
+def test_jaxs_logger_is_filtered_in_memfits_own_process(caplog):
+    import logging
+
+    logger = logging.getLogger("jax._src.xla_bridge")
+    tpu = "Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so"
+    with caplog.at_level(logging.INFO, logger="jax._src.xla_bridge"):
+        with quieted():
+            logger.info(tpu)
+            logger.info("a line JAX means")
+        logger.info(tpu)                       # the filter is gone after the block
+    assert [r.getMessage() for r in caplog.records] == ["a line JAX means", tpu]

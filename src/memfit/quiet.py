@@ -1,4 +1,4 @@
-"""TensorFlow's start-up chatter, kept off the user's screen (``--verbose`` shows it).
+"""TensorFlow's and JAX's start-up chatter, kept off the user's screen (``--verbose`` shows it).
 
 Every process that imports TensorFlow 2.21 prints, on a machine without a GPU::
 
@@ -20,6 +20,12 @@ What silences what (measured with ``python -c "import tensorflow"``):
   info lines: ``TF_CPP_MIN_LOG_LEVEL=1`` hides them. TensorFlow reads the variable once,
   while it is imported.
 
+JAX logs its own when it starts its backend, through Python's ``logging`` (bare, as
+``INFO:jax._src.xla_bridge:…``, or in absl's format when TensorFlow is imported too)::
+
+    Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so: …
+    An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib is not …
+
 So memfit removes these lines by what they say, and leaves everything else (the user's
 output, TensorFlow's warnings and errors) as it is:
 
@@ -32,7 +38,8 @@ output, TensorFlow's warnings and errors) as it is:
   descriptor 2 while TensorFlow is imported and its devices are listed, then passes on
   all but these lines; and, when ``TF_CPP_MIN_LOG_LEVEL`` is not set, it is 1 while
   TensorFlow reads it (hiding the info lines of the estimate's graph optimizer), and unset
-  again after, so no child inherits it. A value the user set is left alone.
+  again after, so no child inherits it. A value the user set is left alone. JAX's lines
+  are dropped from its logger by a :class:`logging.Filter` while :func:`quieted` is on.
 - estimate's measuring children write to files that memfit reads; :func:`strip_noise`
   takes the lines out of what a failed child's message quotes.
 
@@ -57,6 +64,7 @@ import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import re
 import select
@@ -79,6 +87,10 @@ LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 _PREFIX = (r"(?:[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ |"
            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )(?:\S*/)?")
 
+_JAX_LOGGER = "jax._src.xla_bridge"
+_JAX_PREFIX = (r"(?:" + _PREFIX + r"xla_bridge\.py:\d+\] |(?:INFO|WARNING):"
+               + re.escape(_JAX_LOGGER) + r":)?")
+
 #: The start-up lines memfit removes, each matched against one whole line.
 NOISE = tuple(re.compile(p) for p in (
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
@@ -98,13 +110,22 @@ NOISE = tuple(re.compile(p) for p in (
     _PREFIX + r"devices\.cc:\d+\] Number of eligible GPUs \(core count >= \d+, compute "
               r"capability >= [\d.]+\): \d+$",
     _PREFIX + r"single_machine\.cc:\d+\] Starting new session$",
+    # JAX, when it starts its backend (Python logging: bare, in logging's default format,
+    # or in absl's when TensorFlow or absl set it up).
+    _JAX_PREFIX + r"Unable to initialize backend 'tpu': ",
+    _JAX_PREFIX + r"An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib "
+                  r"is not installed\. Falling back to \w+\.$",
+    _JAX_PREFIX + r"A Google TPU may be present on this machine, but either a TPU-enabled "
+                  r"jaxlib or libtpu is not installed\. Falling back to \w+\.$",
 ))
 
 # What a noise line may start with: a partial line that could still become one is held
 # back until its end arrives (or HOLD_SECONDS pass), anything else is passed on at once.
 _STARTS = re.compile(r"[IWE]\d{0,4}(?: |$)|\d{1,4}(?:-|$)")
 _FIXED_STARTS = ("WARNING: All log messages before absl::InitializeLog()",
-                 "To enable the following instructions:")
+                 "To enable the following instructions:", f"INFO:{_JAX_LOGGER}:",
+                 f"WARNING:{_JAX_LOGGER}:", "Unable to initialize backend 'tpu'",
+                 "An NVIDIA GPU may be present", "A Google TPU may be present")
 _HOLD_BYTES = 8192
 HOLD_SECONDS = 0.2
 _DRAIN_SECONDS = 1.0        # how long wait() waits for the filter to pass on the last lines
@@ -298,6 +319,16 @@ class FilteredPopen(subprocess.Popen):
         return code
 
 
+class _JaxStartupFilter(logging.Filter):
+    """Drops JAX's start-up records (:data:`NOISE`) from its backend's logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return not is_noise(record.getMessage())
+        except Exception:                           # a record that cannot format
+            return True
+
+
 def filters_children() -> bool:
     """Whether the children memfit starts now have TensorFlow's start-up lines filtered
     (inside :func:`quieted`)."""
@@ -417,10 +448,13 @@ def quieted(enabled: bool = True) -> Iterator[None]:
         finder = _QuietImport()
         sys.meta_path.insert(0, finder)
     previous, _switches.children = _switches.children, True
+    jax_filter = _JaxStartupFilter()
+    logging.getLogger(_JAX_LOGGER).addFilter(jax_filter)
     try:
         yield
     finally:
         _switches.children = previous
+        logging.getLogger(_JAX_LOGGER).removeFilter(jax_filter)
         if finder is not None:
             _uninstall(finder)
 

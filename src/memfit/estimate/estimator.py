@@ -70,6 +70,21 @@ __all__ = ["Estimate", "Estimator", "estimate"]
 MAX_BATCH = 1 << 24
 
 
+def _check_backend() -> None:
+    """Refuses, in one line, a Keras that runs on another backend than TensorFlow: the
+    estimator traces the model's training step as a TensorFlow graph, and JAX's
+    ``train_step`` cannot be traced so (it takes the state as an argument)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise EstimateError(
+            f"The estimate traces TensorFlow graphs, and Keras runs on the {backend} "
+            f"backend here (KERAS_BACKEND={backend}): run it with "
+            f"KERAS_BACKEND=tensorflow, where the model is the same "
+            f"(`KERAS_BACKEND=tensorflow memfit estimate ...`).")
+
+
 class Estimator:
     """A model prepared and traced once, to estimate at any batch size.
 
@@ -112,6 +127,7 @@ class Estimator:
         self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
                                                                      name="dataset_budget")
         with quieted(), filtered_stderr():      # TensorFlow's start-up lines
+            _check_backend()
             self.setup: Setup = prepare(model, dtype_policy=dtype_policy,
                                         optimizer=optimizer, input_shape=input_shape)
         self.kernels = kernels_of(self.setup.policy,
