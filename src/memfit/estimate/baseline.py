@@ -15,7 +15,8 @@ and says so in one line::
 
 The cache is ``$XDG_CACHE_HOME/memfit/calibration.json`` (``~/.cache/memfit/...``), or
 ``$MEMFIT_CACHE_DIR/calibration.json`` when that is set (tests, CI, a shared cache),
-keyed by host, device and TensorFlow version, written atomically.
+keyed by host, device and the versions of TensorFlow, Keras and JAX (TensorFlow imports
+JAX where it is installed, which changes the baseline), written atomically.
 
 Example:
     >>> c = calibrate("cpu")                                    # doctest: +SKIP
@@ -123,17 +124,30 @@ def cache_path() -> Path:
     return Path(root) / "memfit" / "calibration.json"
 
 
-def _key(device: str, tensorflow: str) -> str:
-    return f"{platform.node()}|{device}|tf{tensorflow}"
+def _key(device: str, frameworks: str) -> str:
+    return f"{platform.node()}|{device}|{frameworks}"
 
 
-def _tf_version() -> str:
+#: What ``import tensorflow, keras`` loads, whose versions change the baseline. TensorFlow
+#: imports JAX where it is installed (``tensorflow/lite/python/util.py``): +36 MiB of
+#: anonymous RSS per process here (docs/estimate.md), so a baseline measured before JAX
+#: was installed is stale after.
+_BASELINE_PACKAGES = ("tensorflow", "keras", "jax")
+
+
+def _frameworks_key() -> str:
+    """The versions of :data:`_BASELINE_PACKAGES` (``-`` for one not installed), the
+    cache key's last part: ``"tf2.21.0 keras3.15.1 jax0.10.2"``."""
     from importlib import metadata
 
-    try:
-        return metadata.version("tensorflow")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    parts = []
+    for name in _BASELINE_PACKAGES:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "-"
+        parts.append(f"{'tf' if name == 'tensorflow' else name}{version}")
+    return " ".join(parts)
 
 
 def _read_cache() -> dict:
@@ -150,7 +164,7 @@ def _read_cache() -> dict:
 def load_calibration(device: str = "cpu") -> Calibration | None:
     """The cached calibration of this machine for ``device``, or ``None``."""
     device = check_device(device)
-    entry = _read_cache().get(_key(device, _tf_version()))
+    entry = _read_cache().get(_key(device, _frameworks_key()))
     if not entry:
         return None
     try:
@@ -293,7 +307,7 @@ def save_calibration(c: Calibration) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         entries = _read_cache()
-        entries[_key(c.device, _tf_version())] = c.to_json()
+        entries[_key(c.device, _frameworks_key())] = c.to_json()
         write_text_atomic(path, json.dumps({"format": FORMAT, "version": 1,
                                             "entries": entries}, indent=1))
         return path
