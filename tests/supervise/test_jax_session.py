@@ -86,7 +86,7 @@ def test_restart_every_epoch_on_jax_is_bit_identical(reference, tmp_path, monkey
     assert_same(outcome(tmp_path / "out"), want)
 
 
-@pytest.mark.parametrize("data", ["arrays", "pydataset"])
+@pytest.mark.parametrize("data", ["arrays", "pydataset", "memfit"])
 def test_a_kill_inside_an_epoch_on_jax_resumes_exactly(reference, tmp_path, data):
     """SIGKILL after step 23 (epoch 2, step 7; the checkpoint is at step 20). The resumed
     epoch draws the same shuffle of the NumPy arrays (the session puts NumPy's generator

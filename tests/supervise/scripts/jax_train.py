@@ -5,7 +5,8 @@
 
 The data are in memory (NumPy arrays given to ``fit`` with ``shuffle=True``, or a
 ``keras.utils.PyDataset`` whose order is a function of ``(seed, epoch)``, positioned at
-``s.epoch``): no TensorFlow is imported. The labels are noise, so validation stalls:
+``s.epoch``), or packed shards streamed by ``s.dataset`` (memfit's feed for JAX): no
+TensorFlow is imported. The labels are noise, so validation stalls:
 ReduceLROnPlateau(patience=1) lowers the rate and EarlyStopping(patience=3) ends the run
 before --epochs. The model has Dropout and BatchNormalization (seed generators, moving
 statistics) and a metric; beside the session's callback run ModelCheckpoint (every 7
@@ -30,7 +31,7 @@ import memfit
 
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
-p.add_argument("--data", choices=("arrays", "pydataset"), default="arrays")
+p.add_argument("--data", choices=("arrays", "pydataset", "memfit"), default="arrays")
 p.add_argument("--epochs", type=int, default=12)
 p.add_argument("--checkpoint-every", type=int)
 p.add_argument("--kill-at", type=int, default=0)
@@ -117,6 +118,14 @@ with memfit.session(seed=11, checkpoint_every=args.checkpoint_every, determinist
         callbacks.append(memfit.MemoryMonitor(every_n_batches=4, verbose=0))
     if args.data == "arrays":
         history = model.fit(X[TRAIN], Y[TRAIN], batch_size=32, shuffle=True,
+                            validation_data=(X[VAL], Y[VAL]), epochs=args.epochs,
+                            callbacks=callbacks, verbose=0)
+    elif args.data == "memfit":     # packed shards, streamed by memfit's feed for JAX
+        packed = args.out / "packed"
+        if not (packed / "manifest.json").exists():
+            memfit.pack({"x": X[TRAIN], "y": Y[TRAIN]}, packed, shards=4,
+                        samples_per_record=8, progress=False)
+        history = model.fit(s.dataset(str(packed), 32, features=("x", "y")),
                             validation_data=(X[VAL], Y[VAL]), epochs=args.epochs,
                             callbacks=callbacks, verbose=0)
     else:
