@@ -149,18 +149,40 @@ def device_settings(memory_limit: str | int | None = None, growth: bool | None =
     return limit, growth, source
 
 
-def device_env(memory_limit: int | None = None, growth: bool | None = None) -> dict[str, str]:
-    """The environment that hands a cap (bytes) or growth to a job's ``configure_device()``.
+#: JAX's own switches (read when JAX starts its GPU backend): allocate as needed instead of
+#: 75 % of the card at once, and at most this share of the card's total memory.
+XLA_PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+XLA_MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+
+
+def device_env(memory_limit: int | None = None, growth: bool | None = None, *,
+               card_total: int | None = None) -> dict[str, str]:
+    """The environment that hands a GPU job its cap (bytes) or growth, in the forms the
+    frameworks obey: for TensorFlow through the job's ``configure_device()``
+    (``$MEMFIT_GPU_MEMORY_LIMIT``, ``$MEMFIT_GPU_MEMORY_GROWTH``), for JAX through its own
+    variables (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` always, so that a second training
+    can start on the card, and ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = the cap's share of the
+    card when its total is known).
 
     Example:
         >>> device_env(memory_limit=2**30)
-        {'MEMFIT_GPU_MEMORY_LIMIT': '1073741824'}
+        {'MEMFIT_GPU_MEMORY_LIMIT': '1073741824', 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
+        >>> device_env(memory_limit=2**30, card_total=16 * 2**30)[XLA_MEM_FRACTION_ENV]
+        '0.0625'
+
+    Args:
+        memory_limit: the cap, bytes (``None``: no cap).
+        growth: allocate as needed (``None``: say nothing).
+        card_total: the card's memory, bytes, for JAX's fraction (``None``: unknown).
     """
     env = {}
     if memory_limit is not None:
         env[GPU_MEMORY_LIMIT_ENV] = str(int(memory_limit))
     if growth is not None:
         env[GPU_MEMORY_GROWTH_ENV] = "1" if growth else "0"
+    env[XLA_PREALLOCATE_ENV] = "false"
+    if memory_limit is not None and card_total:
+        env[XLA_MEM_FRACTION_ENV] = f"{min(1.0, memory_limit / card_total):.4f}"
     return env
 
 

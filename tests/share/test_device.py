@@ -200,3 +200,37 @@ print(json.dumps(out))
         assert out["applied"] is False and "no GPU is visible" in out["message"]
     else:                                                   # pragma: no cover - GPU only
         assert out["applied"] and out["limit"] == 1024 and "too late" in out["late"]
+
+
+def test_a_gpu_job_gets_its_cap_in_the_form_jax_obeys(monkeypatch, tmp_path):
+    """memfit share hands a GPU job its cap for TensorFlow (configure_device) and for JAX:
+    no preallocation (JAX's default takes 75 % of the card at start, so a second JAX
+    training on the card fails) and the need as a fraction of the card's total memory; a
+    job run alone to learn its need gets no fraction; the jobs file's env wins. A real
+    JAX training under these caps is benchmarks/gpu_check.py's, on a lent GPU."""
+    from memfit.device import XLA_MEM_FRACTION_ENV, XLA_PREALLOCATE_ENV
+    from memfit.share import launch
+    from memfit.share.layout import JobFiles
+    from memfit.share.planner import PlannedJob
+
+    monkeypatch.setattr(launch, "gpu_memory", lambda index: (80 * 2**30, 70 * 2**30)
+                        if index == 1 else None)
+
+    def job(need, **env):
+        return PlannedJob(name="a", command=("python", "t.py"), need=need,
+                          need_source="given", note="", charge=(need or 0) + 2**28,
+                          exclusive=need is None, restart=False, env=env, index=1)
+
+    files = JobFiles.of(tmp_path, "a")
+    env = launch.job_environment(job(20 * 2**30), "gpu:1", files)
+    assert env[XLA_PREALLOCATE_ENV] == "false" and env[XLA_MEM_FRACTION_ENV] == "0.2500"
+    assert env[GPU_MEMORY_LIMIT_ENV] == str(20 * 2**30)
+    alone = launch.job_environment(job(None), "gpu:1", files)
+    assert alone[XLA_PREALLOCATE_ENV] == "false" and XLA_MEM_FRACTION_ENV not in alone
+    unknown_card = launch.job_environment(job(2**30), "gpu:0", files)
+    assert XLA_MEM_FRACTION_ENV not in unknown_card
+    mine = launch.job_environment(job(2**30, XLA_PYTHON_CLIENT_MEM_FRACTION="0.5"), "gpu:1",
+                                  files)
+    assert mine[XLA_MEM_FRACTION_ENV] == "0.5"
+    cpu = launch.job_environment(job(2**30), "cpu", files)
+    assert XLA_PREALLOCATE_ENV not in cpu and XLA_MEM_FRACTION_ENV not in cpu

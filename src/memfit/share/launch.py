@@ -14,8 +14,9 @@ too, so that a job runs the same wherever it runs:
   share in bytes); on the CPU ``CUDA_VISIBLE_DEVICES=-1`` (the budget is host memory);
   on ``gpu:N`` ``CUDA_VISIBLE_DEVICES=N`` and, for ``memfit.configure_device()`` in the
   job, the cap at its need (or memory growth when its need is unknown and it runs alone
-  to learn it; :func:`memfit.device.device_env`); then the jobs file's ``env``, which
-  wins;
+  to learn it), and JAX's own variables (no preallocation; the need's share of the card
+  as ``XLA_PYTHON_CLIENT_MEM_FRACTION``) (:func:`memfit.device.device_env`); then the
+  jobs file's ``env``, which wins;
 - :func:`start_job`: makes the job's directory (:class:`~memfit.share.layout.JobFiles`,
   ``WORKDIR/jobs/NAME``) and starts the command with its standard output and error going
   to ``stdout.log`` and ``stderr.log`` there.
@@ -44,7 +45,7 @@ from memfit.device import device_env
 from memfit.env import SHARE_ENV, SHARE_JOB_ENV, WORKDIR_ENV
 from memfit.memory.process import start
 from memfit.share.layout import JobFiles
-from memfit.share.planner import SUPERVISOR_RSS, PlannedJob
+from memfit.share.planner import SUPERVISOR_RSS, PlannedJob, gpu_memory
 
 __all__ = ["job_command", "job_environment", "start_job", "REQUEST_AT", "CUDA_DEVICES_ENV"]
 
@@ -91,8 +92,9 @@ def job_environment(job: PlannedJob, device: str, files: JobFiles) -> dict[str, 
         env[CUDA_DEVICES_ENV] = device.split(":", 1)[1]
         # A job of known need is capped at it; one run alone to learn it grows as needed
         # (so that its peak means something).
-        env.update(device_env(memory_limit=job.need) if job.need is not None
-                   else device_env(growth=True))
+        card = gpu_memory(int(env[CUDA_DEVICES_ENV]))
+        env.update(device_env(memory_limit=job.need, card_total=card[0] if card else None)
+                   if job.need is not None else device_env(growth=True))
     env.update(job.env)
     return env
 
