@@ -78,7 +78,7 @@ def _write_split(src: ArraySource, out: Path, split: str, idx: np.ndarray,
                for n, f in src.features.items()}
     try:
         sample_bytes = sum(f.sample_bytes or 1 for f in src.features.values())
-        chunk = max(1, CHUNK_BYTES // sample_bytes)
+        chunk = max(1, getattr(src, "chunk_bytes", CHUNK_BYTES) // sample_bytes)
         for a in range(0, len(idx), chunk):
             rows = src.take(idx[a:a + chunk])
             for name, w in writers.items():

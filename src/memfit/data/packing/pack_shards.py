@@ -118,9 +118,10 @@ def write_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
                 compression: str | None,
                 report: Callable[[int], None] | None = None) -> tuple[Shard, int]:
     """Writes the samples ``indices`` of ``source`` as one shard, ``k`` a record (reading
-    ~32 MiB of rows at a time, then releasing their pages)."""
+    ~32 MiB of rows at a time, or the source's ``chunk_bytes``, then releasing their
+    pages)."""
     fixed = sum(f.sample_bytes or 64 for f in source.features.values())
-    chunk = max(k, (CHUNK_BYTES // max(fixed, 1)) // k * k)
+    chunk = max(k, (getattr(source, "chunk_bytes", CHUNK_BYTES) // max(fixed, 1)) // k * k)
     writer = ShardWriter(path, compression)
     try:
         for start in range(0, len(indices), chunk):
