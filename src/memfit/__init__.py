@@ -43,6 +43,7 @@ from memfit._version import __version__
 from memfit.data import Manifest, PackResult, inspect, pack, verify
 from memfit.device import configure_device
 from memfit.doctor.checkup import doctor as run_doctor
+from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError, MemfitError
 from memfit.estimate.estimator import estimate as estimate_memory
 from memfit.estimate.memory_estimate import Estimate
 from memfit.frameworks import TENSORFLOW_EXTRA, require, require_for_data
@@ -60,7 +61,8 @@ from memfit.memory import (
 from memfit.share.runner import share as share_jobs
 from memfit.supervise import RunResult, run
 
-__all__ = ["__version__", "DatasetPlan", "Estimate", "Manifest", "Measurement", "MemoryMonitor",
+__all__ = ["__version__", "CorruptShardError", "DatasetError", "DatasetPlan", "Estimate",
+           "FrameworkMissingError", "MemfitError", "Manifest", "Measurement", "MemoryMonitor",
            "PackResult", "RunResult", "Sample", "Verdict", "classify", "configure_device",
            "dataset", "estimate_memory", "format_size", "inspect", "malloc_trim", "measure",
            "pack", "parse_size", "run", "run_doctor", "sample", "session", "share_jobs",

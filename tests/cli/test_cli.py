@@ -181,3 +181,19 @@ def test_run_hides_tensorflows_startup_lines_verbose_and_watch_show_them(tmp_pat
     for line in ("All log messages before absl::InitializeLog()", "Could not find cuda "
                  "drivers", "failed call to cuInit"):
         assert (line in err) is shown, err
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path):
+    """In a log or a pipe (CI), pack and verify draw no bar: its redraws would be noise."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.zeros((500, 4), "float32"))
+    for args in (["pack", str(tmp_path / "x.npy"), "-o", str(tmp_path / "ds")],
+                 ["verify", str(tmp_path / "ds")]):
+        out = subprocess.run([sys.executable, "-m", "memfit", *args], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "%|" not in out.stderr and "\r" not in out.stderr, out.stderr

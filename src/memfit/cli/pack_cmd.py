@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 
 from memfit.cli.common import count
 from memfit.data.packing.packer import pack
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,
                   compression=None if args.compression == "none" else args.compression,
                   split=args.split, seed=args.seed, shuffle=not args.no_shuffle,
-                  workers=args.workers, overwrite=args.overwrite, progress=not args.quiet,
+                  workers=args.workers, overwrite=args.overwrite,
+                  progress=not args.quiet and sys.stderr.isatty(),   # bars: terminals only
                   format=args.format)
     print(result)
     return 0

@@ -10,6 +10,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tqdm import tqdm
 
@@ -29,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     total = total_bytes(args.path)
+    # A bar only on a terminal: in a log (CI, a pipe) its redraws are noise.
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="verify",
-              disable=args.quiet, leave=False) as bar:
+              disable=args.quiet or not sys.stderr.isatty(), leave=False) as bar:
         report = verify(args.path, progress=bar.update)
     if not print_output(str(report)):
         return CLOSED_PIPE
