@@ -4,6 +4,9 @@
     .venv/bin/python benchmarks/same_behaviour.py /tmp/before/src src            # ~2 min
     .venv/bin/python benchmarks/same_behaviour.py /tmp/before/src src --rounds 5 # + speed
 
+For the speed rounds, give the tree before its C extension too (copy the built
+``cwindow*.so`` to where that tree's ``setup.py`` puts it), or it reads without it.
+
 Each tree runs in child processes of its own (``PYTHONPATH``), on the same inputs, in the
 same directories (so that plans, which name their path, compare as text):
 
