@@ -2,7 +2,9 @@
 ``.npy`` files of :mod:`memfit.data.packing.arrays_pack`): the options of a pack, checked in one
 place (:class:`PackOptions`), the samples each split gets (:func:`split_order`, one
 seeded permutation), files written under a temporary name with their sha256
-(:class:`HashingWriter`), and the progress bar.
+(:class:`HashingWriter`), written and finished in background threads while the next
+bytes are prepared (:class:`WritePipe`, :class:`Committer`: fsync and rename), and the
+progress bar.
 
 Example:
     >>> options = PackOptions.of(split="train=0.75,val=0.25", seed=1)
@@ -20,7 +22,9 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+import queue
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +36,8 @@ from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 
-__all__ = ["PackOptions", "HashingWriter", "CHUNK_BYTES", "parse_split", "split_counts",
-           "check_split_counts", "split_order", "progress_bar"]
+__all__ = ["PackOptions", "HashingWriter", "Committer", "WritePipe", "CHUNK_BYTES",
+           "parse_split", "split_counts", "check_split_counts", "split_order", "progress_bar"]
 
 CHUNK_BYTES = 32 * 2**20        # bytes of rows read from a source at once
 
@@ -279,3 +283,169 @@ class HashingWriter:
     def abandon(self) -> None:
         """Closes and deletes the temporary file."""
         discard(self._file, self.tmp)
+
+
+class Committer:
+    """Commits finished files in a background thread (``commit``: fsync, rename into
+    place, as :meth:`HashingWriter.commit`), in the order they are handed over, while the
+    caller writes the next ones; ``on_batch`` receives ``[(key, what commit returned)]``
+    for the files committed since its last call, each time the thread catches up (a pack
+    records them in its state once for several files when the disk is the slower side).
+
+    A commit that fails stops the committer: the files handed over after it are deleted
+    (their ``abandon``), :attr:`error` holds the exception and :meth:`close` raises it.
+    Leaving a ``with`` block waits for every file handed over (after an interrupt, too:
+    what was finished is kept, for a rerun to resume).
+
+    Example:
+        >>> import tempfile
+        >>> done = []
+        >>> with Committer(done.extend) as c:
+        ...     w = HashingWriter(Path(tempfile.mkdtemp()) / "a.bin")
+        ...     _ = w.write(b"memfit")
+        ...     c.submit("a", w.commit, w.abandon)
+        >>> done[0][0], done[0][1][:12]
+        ('a', '294850f9e395')
+
+    Args:
+        on_batch: called in the committer's thread with the files committed, in order.
+    """
+
+    def __init__(self, on_batch: Callable[[list[tuple[Hashable, Any]]], None]):
+        self.on_batch = on_batch
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[tuple[Hashable, Callable[[], Any], Callable[[], None]]
+                                 | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="memfit-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: Hashable, commit: Callable[[], Any],
+               abandon: Callable[[], None]) -> None:
+        """Hands over a file whose every byte is written: ``commit()`` syncs and renames it
+        (its result goes to ``on_batch`` with ``key``), ``abandon()`` deletes it instead."""
+        self._queue.put((key, commit, abandon))
+
+    def _run(self) -> None:
+        batch: list[tuple[Hashable, Any]] = []
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            key, commit, abandon = item
+            if self.error is not None:
+                abandon()
+                continue
+            try:
+                batch.append((key, commit()))
+                if self._queue.empty() or self._queue.queue[0] is None:
+                    done, batch = batch, []
+                    self.on_batch(done)
+            except BaseException as e:                  # close() raises it
+                self.error = e
+                abandon()
+
+    def close(self) -> None:
+        """Waits for every file handed over; raises the first commit's error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> Committer:
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if kind is None:
+            self.close()
+            return
+        self._queue.put(None)                   # interrupted: finish what was handed over
+        self._thread.join()
+
+
+class WritePipe:
+    """Overlaps preparing a file's bytes with writing them: the caller hands over work
+    (:meth:`put`: a function that writes, say, a piece of records into a
+    :class:`HashingWriter`, which hashes as it writes; hashlib and the file write release
+    the GIL on large buffers), a writer thread runs it in order while the caller prepares
+    the next piece, and a :class:`Committer` syncs and renames each finished file
+    (:meth:`complete`), then reports it to ``on_batch``. At most one piece of work waits
+    between the caller and the writer thread.
+
+    Leaving the ``with`` block waits for all of it; an error in a thread stops the pipe
+    (the caller's next :meth:`put` raises it, else the end of the block does). After an
+    interrupt, the files completed are still committed (a rerun keeps them) and those
+    not completed are deleted.
+
+    Example:
+        >>> import tempfile
+        >>> done = []
+        >>> with WritePipe(done.extend) as pipe:
+        ...     w = HashingWriter(Path(tempfile.mkdtemp()) / "a.bin")
+        ...     pipe.adopt(w)
+        ...     pipe.put(lambda: w.write(b"memfit"))
+        ...     pipe.complete(w, "a", lambda: None, w.commit)
+        >>> done[0][0], done[0][1][:12]
+        ('a', '294850f9e395')
+
+    Args:
+        on_batch: receives ``[(key, what commit returned)]`` in the committer's thread.
+    """
+
+    def __init__(self, on_batch: Callable[[list[tuple[Hashable, Any]]], None]):
+        self.committer = Committer(on_batch)
+        self.error: BaseException | None = None
+        self._pending: set[HashingWriter] = set()   # handed to the pipe, not committed
+        self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="memfit-write", daemon=True)
+        self._thread.start()
+
+    def adopt(self, writer: HashingWriter) -> None:
+        """From now on the pipe commits ``writer`` (once completed) or deletes it."""
+        self._pending.add(writer)
+
+    def put(self, work: Callable[[], Any]) -> None:
+        """Runs ``work()`` in the writer thread after the work before it; raises the
+        error that stopped a thread of the pipe."""
+        for error in (self.error, self.committer.error):
+            if error is not None:
+                raise error
+        self._queue.put(work)
+
+    def complete(self, writer: HashingWriter, key: Hashable, finish: Callable[[], None],
+                 commit: Callable[[], Any]) -> None:
+        """After the work handed over, ``finish()`` (the last bytes), then the committer
+        runs ``commit()`` (sync and rename; its result goes to ``on_batch`` as ``key``)."""
+        def hand_over() -> None:
+            finish()
+            self._pending.discard(writer)
+            self.committer.submit(key, commit, writer.abandon)
+
+        self.put(hand_over)
+
+    def _run(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            if self.error is not None or self.committer.error is not None:
+                continue                                # deleted when the pipe closes
+            try:
+                work()
+            except BaseException as e:                  # the caller raises it
+                self.error = e
+
+    def __enter__(self) -> WritePipe:
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        for writer in self._pending:
+            writer.abandon()
+        self._pending.clear()
+        if kind is not None:
+            self.committer.__exit__(kind, value, tb)
+            return
+        self.committer.close()
+        if self.error is not None:
+            raise self.error
