@@ -18,15 +18,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import json
 import math
+import mmap
 import os
 import queue
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -40,6 +43,8 @@ __all__ = ["PackOptions", "HashingWriter", "Committer", "WritePipe", "CHUNK_BYTE
            "parse_split", "split_counts", "check_split_counts", "split_order", "progress_bar"]
 
 CHUNK_BYTES = 32 * 2**20        # bytes of rows read from a source at once
+STAGING_BYTES = 4 * 2**20       # a HashingWriter's direct writes
+ALIGN = 4096                    # what O_DIRECT needs of addresses, sizes and offsets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,10 +247,22 @@ def progress_bar(total: int | None, enabled: bool, what: str) -> Any:
                 desc=what, dynamic_ncols=True, leave=False)
 
 
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
 class HashingWriter:
     """A file written under a temporary name (``.tmp-<pid>-<name>``), hashing the bytes
     that land on disk, renamed into place when complete (:meth:`commit`) or deleted
     (:meth:`abandon`): a reader never sees half a file under its final name.
+
+    Where the file system allows it, the file is written with ``O_DIRECT`` from a
+    page-aligned staging buffer of :data:`STAGING_BYTES` (the bytes go to the disk
+    without a copy in the page cache, whose upkeep cost this machine's kernel more than
+    the disk took: 2 GiB written and fsynced in 1.2 s direct, 4.4-7.2 s buffered), the
+    tail that does not fill a block written through the page cache; elsewhere (tmpfs...),
+    buffered. The bytes, and their sha256, are the same either way.
 
     Example:
         >>> import tempfile
@@ -254,26 +271,78 @@ class HashingWriter:
         (6, '294850f9e395', b'memfit')
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, direct: bool = True):
         self.path = path
         self.tmp = temporary_name(path)
-        self._file = open(self.tmp, "wb")
         self._sha = hashlib.sha256()
         self.bytes = 0
+        self._stage: mmap.mmap | None = None
+        self._staged = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        fd = -1
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                fd = os.open(self.tmp, flags | os.O_DIRECT, 0o666)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+        if fd >= 0:
+            self._file: IO[bytes] = open(fd, "wb", buffering=0)
+            self._stage = mmap.mmap(-1, STAGING_BYTES)
+        else:
+            self._file = open(self.tmp, "wb")
 
     def write(self, data: Any) -> int:
         """Writes ``data`` (bytes or a buffer); returns its size (a file-like sink)."""
         self._sha.update(data)
-        self._file.write(data)
         size = memoryview(data).nbytes
+        stage = self._stage
+        if stage is None:
+            self._file.write(data)
+        else:
+            view = memoryview(data).cast("B")
+            done = 0
+            while done < size:
+                n = min(size - done, STAGING_BYTES - self._staged)
+                stage[self._staged:self._staged + n] = view[done:done + n]
+                self._staged += n
+                done += n
+                if self._staged == STAGING_BYTES:
+                    self._write_stage(STAGING_BYTES)
         self.bytes += size
         return size
 
+    def _write_stage(self, n: int) -> None:
+        """Writes the first ``n`` staged bytes (a multiple of :data:`ALIGN`, or the tail)."""
+        assert self._stage is not None
+        fd = self._file.fileno()
+        aligned = n - n % ALIGN
+        try:
+            _write_all(fd, memoryview(self._stage)[:aligned])
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self._buffered(fd)                  # a file system that refuses O_DIRECT writes
+            _write_all(fd, memoryview(self._stage)[:aligned])
+        if n > aligned:
+            self._buffered(fd)
+            _write_all(fd, memoryview(self._stage)[aligned:n])
+        self._staged = 0
+
+    @staticmethod
+    def _buffered(fd: int) -> None:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
     def flush(self) -> None:
-        self._file.flush()
+        """Flushes Python's buffer (direct: the staged bytes wait for :meth:`commit`)."""
+        if self._stage is None:
+            self._file.flush()
 
     def commit(self) -> str:
         """Syncs the file and renames it into place; returns its sha256."""
+        if self._stage is not None:
+            self._write_stage(self._staged)
+            self._release_stage()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -283,6 +352,15 @@ class HashingWriter:
     def abandon(self) -> None:
         """Closes and deletes the temporary file."""
         discard(self._file, self.tmp)
+        self._release_stage()
+
+    def _release_stage(self) -> None:
+        stage, self._stage = self._stage, None
+        if stage is not None:
+            try:
+                stage.close()
+            except BufferError:     # a view of it lives on in a traceback: freed with it
+                pass
 
 
 class Committer:
