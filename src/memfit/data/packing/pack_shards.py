@@ -54,6 +54,7 @@ from memfit.data.packing.pack_options import (
     HashingWriter,
     PackOptions,
     WritePipe,
+    gather,
     progress_bar,
     split_order,
 )
@@ -244,7 +245,7 @@ def _feed_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
     pipe.adopt(writer)
     layouts: dict[int, tuple[list, np.ndarray, int]] = {}
     for start in range(0, len(indices), chunk):
-        rows = source.take(indices[start:start + chunk])
+        rows = gather(source, indices[start:start + chunk])
         n = len(indices[start:start + chunk])
         records = _records(rows, source.features, k, layouts)
         source.release_pages()
