@@ -528,6 +528,12 @@ class Committer:
             except BaseException as e:                  # close() raises it
                 self.error = e
                 abandon()
+                done, batch = batch, []     # committed before the failure: still reported
+                if done:
+                    try:
+                        self.on_batch(done)
+                    except BaseException:   # noqa: BLE001 -- the first error is raised
+                        pass
 
     def close(self) -> None:
         """Waits for every file handed over; raises the first commit's error, if any."""
