@@ -24,8 +24,8 @@ import sys
 
 from memfit.errors import FrameworkMissingError
 
-__all__ = ["require", "require_for_data", "keras_backend", "TENSORFLOW_EXTRA",
-           "KERAS_EXTRA"]
+__all__ = ["require", "require_for_data", "require_for_training", "keras_backend",
+           "TENSORFLOW_EXTRA", "KERAS_EXTRA"]
 
 TENSORFLOW_EXTRA = "tensorflow"
 KERAS_EXTRA = "jax"             # keras comes with memfit's jax extra (keras + jax)
@@ -98,6 +98,28 @@ def require_for_data(what: str) -> str:
     backend = keras_backend()
     if backend == "tensorflow":
         require("tensorflow", f"{what} (it feeds tf.data)", TENSORFLOW_EXTRA)
+        return backend
+    if backend == "jax":
+        require("jax", f"{what} on Keras's JAX backend", KERAS_EXTRA)
+    require("keras", f"{what} on Keras's {backend} backend", KERAS_EXTRA)
+    return backend
+
+
+def require_for_training(what: str) -> str:
+    """Raises the one line that says what ``what`` (``memfit find-batch-size``), which
+    builds and trains a model, needs on Keras's backend and is not installed: TensorFlow
+    on the TensorFlow backend, JAX and Keras on JAX.
+
+    Example:
+        >>> require_for_training("memfit calibrate") == keras_backend()
+        True
+
+    Returns:
+        The backend (:func:`keras_backend`).
+    """
+    backend = keras_backend()
+    if backend == "tensorflow":
+        require("tensorflow", what, TENSORFLOW_EXTRA)
         return backend
     if backend == "jax":
         require("jax", f"{what} on Keras's JAX backend", KERAS_EXTRA)

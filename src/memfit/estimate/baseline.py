@@ -40,7 +40,7 @@ from memfit.atomic import write_text_atomic
 from memfit.env import CACHE_ENV
 from memfit.errors import MemfitError
 from memfit.estimate.measure import run_child
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.frameworks import keras_backend, require_for_training
 from memfit.memory.probe import nvml_devices
 from memfit.sizes import format_size
 
@@ -75,6 +75,8 @@ class Calibration:
         host: the machine (``platform.node()``).
         runs: how many child processes were measured (the median is kept).
         measured_at: Unix time.
+        backend: Keras's backend in the measured process (``"tensorflow"``, ``"jax"``).
+        jax: JAX version on the JAX backend (``"-"`` otherwise).
     """
 
     device: str
@@ -86,13 +88,17 @@ class Calibration:
     host: str
     runs: int
     measured_at: float
+    backend: str = "tensorflow"
+    jax: str = "-"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        return (f"{self.device} baseline {format_size(self.baseline)} (TensorFlow "
-                f"{self.tensorflow}, host {self.host}, median of {self.runs} runs; "
+        framework = (f"JAX {self.jax}, Keras {self.keras}" if self.backend == "jax"
+                     else f"TensorFlow {self.tensorflow}")
+        return (f"{self.device} baseline {format_size(self.baseline)} ({framework}, host "
+                f"{self.host}, median of {self.runs} runs; "
                 f"the bare interpreter: {format_size(self.interpreter)})")
 
 
@@ -125,7 +131,14 @@ def cache_path() -> Path:
 
 
 def _key(device: str, frameworks: str) -> str:
-    return f"{platform.node()}|{device}|{frameworks}"
+    backend = keras_backend()
+    # The TensorFlow key stays as it was, so that existing caches keep their entries.
+    return f"{platform.node()}|{device}|{frameworks}" + (
+        "" if backend == "tensorflow" else f"|{backend}")
+
+
+def _framework_name() -> str:
+    return {"tensorflow": "TensorFlow", "jax": "JAX"}.get(keras_backend(), keras_backend())
 
 
 #: What ``import tensorflow, keras`` loads, whose versions change the baseline. TensorFlow
@@ -214,8 +227,8 @@ def ensure_calibration(device: str = "cpu") -> tuple[int, str]:
     try:
         c = calibrate(device, runs=1, cache=False)
     except CalibrationError as e:
-        log.warning("memfit: could not measure this machine's TensorFlow baseline%s (%s); "
-                    "using the default %s: run `%s` to measure it.", on, e,
+        log.warning("memfit: could not measure this machine's %s baseline%s (%s); "
+                    "using the default %s: run `%s` to measure it.", _framework_name(), on, e,
                     format_size(default), redo)
         return default, "default"
     try:
@@ -224,8 +237,8 @@ def ensure_calibration(device: str = "cpu") -> tuple[int, str]:
     except CalibrationError:
         where = (f"not cached: {str(cache_path().parent)!r} is not writable, set "
                  f"{CACHE_ENV} to a writable directory")
-    log.info("memfit: measured this machine's TensorFlow baseline%s once: %s (%s; `%s` to "
-             "redo it)", on, format_size(c.baseline), where, redo)
+    log.info("memfit: measured this machine's %s baseline%s once: %s (%s; `%s` to "
+             "redo it)", _framework_name(), on, format_size(c.baseline), where, redo)
     return c.baseline, "calibrated"
 
 
@@ -247,7 +260,7 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
     Raises:
         CalibrationError: when the child fails, or on a GPU without NVML or a GPU.
     """
-    require("tensorflow", "memfit calibrate", TENSORFLOW_EXTRA)
+    require_for_training("memfit calibrate")
     device = check_device(device)
     runs = checks.count("runs", runs, hint="Child processes to measure (the median is kept).")
     if device.startswith("gpu") and not _gpu_present():
@@ -276,7 +289,9 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
                     interpreter=int(statistics.median(rep["interpreter_anon"]
                                                       for rep in reports)),
                     tensorflow=reports[0]["tensorflow"], keras=reports[0]["keras"],
-                    host=platform.node(), runs=runs, measured_at=time.time())
+                    host=platform.node(), runs=runs, measured_at=time.time(),
+                    backend=reports[0].get("backend", "tensorflow"),
+                    jax=reports[0].get("jax", "-"))
     if cache:
         save_calibration(c)
     return c

@@ -5,7 +5,8 @@ that does not fit can be killed without harm to the parent. It reports on stdout
 JSON object per line behind the marker ``MEMFIT-CHILD`` (:mod:`memfit.estimate.child_protocol`):
 
 ``{"event": "baseline", ...}``
-    after ``import tensorflow, keras`` and one eager op: the framework baseline, the
+    after ``import tensorflow, keras`` (on Keras's JAX backend ``import jax, keras``) and
+    one eager op: the framework baseline, the
     point every measured number is relative to (anonymous RSS, from the one probe).
 ``{"event": "result", ...}``
     after the training steps: ``peak_anon`` (the peak anonymous RSS from model load to
@@ -17,8 +18,10 @@ JSON object per line behind the marker ``MEMFIT-CHILD`` (:mod:`memfit.estimate.c
     a clear error (bad model...) or an out-of-memory error from TensorFlow.
 
 Requests: ``{"mode": "train", "model": {...}, "batch_size": 32, "dtype_policy": null,
-"optimizer": "adam", "steps": 4}``, ``{"mode": "calibrate"}``, or ``{"mode": "estimate",
-...}`` (the estimate, made in the child: ``find-batch-size`` never builds a model itself).
+"optimizer": "adam", "steps": 4}`` (on a GPU under JAX, ``"device_limit"``: the
+device bytes it may use, handed to JAX as its memory fraction), ``{"mode":
+"calibrate"}``, or ``{"mode": "estimate", ...}`` (the estimate, made in the child:
+``find-batch-size`` never builds a model itself).
 """
 
 from __future__ import annotations
@@ -32,12 +35,47 @@ from typing import Any
 from memfit.estimate.child_protocol import Report, emit
 from memfit.estimate.model import EstimateError, ModelSpec
 from memfit.estimate.training import make_batch, prepare
+from memfit.frameworks import keras_backend
 from memfit.memory.allocator import current_policy
-from memfit.memory.probe import measure, nvml_memory, sample, tf_gpu_memory
+from memfit.memory.probe import jax_device_memory, measure, nvml_memory, sample, tf_gpu_memory
+
+
+def _cap_jax(request: dict) -> None:
+    """Hands a JAX child its device limit (``device_limit``, bytes) in the form JAX
+    obeys, before JAX starts: no preallocation, that share of the card."""
+    limit = request.get("device_limit")
+    if not limit or not str(request.get("device", "cpu")).startswith("gpu"):
+        return
+    from memfit.device import device_env
+    from memfit.memory.probe import nvml_devices
+
+    devices = nvml_devices() or []
+    index = int(str(request["device"]).split(":")[1])
+    total = devices[index]["total"] if index < len(devices) else None
+    os.environ.update(device_env(memory_limit=int(limit), card_total=total))
+
+
+def _jax_baseline(device: str, before_import: Any) -> dict:
+    """The baseline on Keras's JAX backend: ``import jax, keras`` and one op on the
+    device (its runtime, and on a GPU its allocator and the CUDA context, started)."""
+    import jax
+    import keras
+
+    (jax.numpy.ones(8) + 1.0).block_until_ready()
+    s = sample()
+    out = {"baseline_anon": s.anon_or_total, "baseline_rss": s.rss,
+           "interpreter_anon": before_import.anon_or_total, "device": device,
+           "backend": "jax", "tensorflow": "-", "jax": jax.__version__,
+           "platform": jax.devices()[0].platform, "keras": keras.__version__}
+    if device.startswith("gpu"):
+        out["nvml"] = nvml_memory()
+    return out
 
 
 def _framework_baseline(device: str) -> dict:
     before_import = sample()
+    if keras_backend() == "jax":
+        return _jax_baseline(device, before_import)
     import keras  # noqa: F401
     import tensorflow as tf
 
@@ -59,7 +97,7 @@ def _framework_baseline(device: str) -> dict:
 
 
 def _gpu_peak() -> int | None:
-    info = tf_gpu_memory()
+    info = tf_gpu_memory() or jax_device_memory()
     if not info:
         return None
     return max(v["peak"] for v in info.values())
@@ -76,20 +114,30 @@ def _running_peak(s: Any) -> int:
 def train(request: dict) -> None:
     """Measures the peak memory of a few training steps (see the module docstring)."""
     device = request.get("device", "cpu")
-    base = _framework_baseline(device)       # first: it samples before TensorFlow is in
+    _cap_jax(request)
+    base = _framework_baseline(device)       # first: it samples before the framework is in
     emit(Report.BASELINE, **base)
-    import tensorflow as tf
-
     try:
         with measure(interval=0.005) as m:
             steps = _train_steps(request, base["baseline_anon"])
     except EstimateError as e:
         emit(Report.ERROR, kind="input", message=str(e))
         sys.exit(2)
-    except (tf.errors.ResourceExhaustedError, MemoryError) as e:
+    except Exception as e:      # noqa: BLE001
+        if not _out_of_memory(e):
+            raise
         emit(Report.ERROR, kind="oom", message=f"{type(e).__name__}: {str(e)[:300]}")
         sys.exit(3)
     emit(Report.RESULT, **_train_result(m, base, steps, device))
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is the framework running out of memory: TensorFlow's
+    ``ResourceExhaustedError``, XLA's ``RESOURCE_EXHAUSTED`` (JAX), or Python's
+    ``MemoryError``."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":
+        return True
+    return "RESOURCE_EXHAUSTED" in str(e)[:200] or "Out of memory" in str(e)[:300]
 
 
 def _train_steps(request: dict, baseline_anon: int) -> dict:
@@ -140,14 +188,14 @@ def _train_result(m: Any, base: dict, steps: dict, device: str) -> dict:
 
 def estimate(request: dict) -> None:
     """Runs the estimator here (so that a parent never builds a model it cannot hold)."""
-    from memfit.estimate.estimator import Estimator  # only an estimating child needs it
+    from memfit.estimate.estimator import estimator_for  # only an estimating child needs it
 
     spec = ModelSpec.from_json(request["model"])
     try:
-        est = Estimator(spec, optimizer=request.get("optimizer"),
-                        dtype_policy=request.get("dtype_policy"),
-                        input_shape=spec.input_shape, device=request.get("device", "cpu"),
-                        allocator=request.get("allocator", "default"))
+        est = estimator_for(spec, optimizer=request.get("optimizer"),
+                            dtype_policy=request.get("dtype_policy"),
+                            input_shape=spec.input_shape, device=request.get("device", "cpu"),
+                            allocator=request.get("allocator", "default"))
         e = est.at(int(request.get("batch_size") or 1), budget=request.get("budget"))
     except EstimateError as err:
         emit(Report.ERROR, kind="input", message=str(err))

@@ -59,13 +59,14 @@ from memfit.estimate.memory_estimate import Estimate, model_sum
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.estimate.xla import XlaEstimator
+from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend, require
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.quiet import filtered_stderr, quieted
 from memfit.sizes import parse_size
 
-__all__ = ["Estimate", "Estimator", "estimate"]
+__all__ = ["Estimate", "Estimator", "estimate", "estimator_for"]
 
 MAX_BATCH = 1 << 24
 
@@ -79,10 +80,10 @@ def _check_backend() -> None:
     backend = keras.backend.backend()
     if backend != "tensorflow":
         raise EstimateError(
-            f"The estimate traces TensorFlow graphs, and Keras runs on the {backend} "
-            f"backend here (KERAS_BACKEND={backend}): run it with "
-            f"KERAS_BACKEND=tensorflow, where the model is the same "
-            f"(`KERAS_BACKEND=tensorflow memfit estimate ...`).")
+            f"This estimator traces TensorFlow graphs, and Keras runs on the {backend} "
+            f"backend here (KERAS_BACKEND={backend}): use memfit.estimate_memory() or "
+            f"estimator_for(), which pick XLA's estimate on JAX, or run it with "
+            f"KERAS_BACKEND=tensorflow.")
 
 
 class Estimator:
@@ -302,6 +303,31 @@ class Estimator:
                                    advice=tuple(advice(self, e, budget_bytes, best)))
 
 
+def estimator_for(model: Any, *, allocator: str = "default", onednn: bool | None = None,
+                  **kwargs: Any) -> Estimator | XlaEstimator:
+    """The estimator for the backend Keras runs on: :class:`Estimator` (a traced
+    TensorFlow graph) on TensorFlow, :class:`~memfit.estimate.xla.XlaEstimator` (XLA's
+    buffer assignment of the compiled step) on JAX; the same contract.
+
+    Example:
+        >>> type(estimator_for("mymodels:make_mlp")).__name__          # doctest: +SKIP
+        'Estimator'
+
+    Args:
+        model: what :class:`Estimator` takes.
+        allocator: glibc's policy (TensorFlow's estimator only; XLA's buffers do not
+            depend on it).
+        onednn: oneDNN's kernels (TensorFlow's estimator only).
+        **kwargs: ``optimizer``, ``dtype_policy``, ``input_shape``, ``dataset_budget``,
+            ``device``.
+    """
+    if keras_backend() == "jax":
+        with input_errors():
+            check_allocator(allocator)
+        return XlaEstimator(model, **kwargs)
+    return Estimator(model, allocator=allocator, onednn=onednn, **kwargs)
+
+
 def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
              dtype_policy: str | None = None, input_shape: Any = None,
              dataset_budget: int | str | None = None, budget: int | str | None = None,
@@ -357,9 +383,9 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
             or policy, or a batch size that is not a positive integer (each quoting it).
     """
     check_batch_size(batch_size)
-    est = Estimator(model, optimizer=optimizer, dtype_policy=dtype_policy,
-                    input_shape=input_shape, dataset_budget=dataset_budget, device=device,
-                    allocator=allocator, onednn=onednn)
+    est = estimator_for(model, optimizer=optimizer, dtype_policy=dtype_policy,
+                        input_shape=input_shape, dataset_budget=dataset_budget, device=device,
+                        allocator=allocator, onednn=onednn)
     if est.baseline_source == "default":        # nothing cached: measured, once per machine
         est.baseline, est.baseline_source = ensure_calibration(est.device)
     return est.at(batch_size, budget=budget)

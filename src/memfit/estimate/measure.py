@@ -28,10 +28,11 @@ import tempfile
 import time
 from typing import Any
 
+from memfit.device import XLA_PREALLOCATE_ENV
 from memfit.errors import MemfitError
 from memfit.estimate.child_protocol import Report, read_reports
 from memfit.estimate.model import ModelSpec, check_batch_size, check_policy, parse_input_shape
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.frameworks import require_for_training
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.process import ticks
@@ -83,6 +84,8 @@ def _child_env(device: str, allocator: str = "default") -> dict:
         env["CUDA_VISIBLE_DEVICES"] = "-1"     # measure the CPU even on a GPU machine
     elif device.startswith("gpu:"):
         env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        # JAX would take 75 % of the card at start-up, and NVML would charge it all.
+        env.setdefault(XLA_PREALLOCATE_ENV, "false")
     return env
 
 
@@ -200,7 +203,7 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
     Raises:
         MemfitError: if ``model`` is a live model object.
     """
-    require("tensorflow", "measuring a training", TENSORFLOW_EXTRA)   # in its child
+    require_for_training("measuring a training")   # in its child
     check_batch_size(batch_size)
     check_policy(dtype_policy)
     check_allocator(allocator)

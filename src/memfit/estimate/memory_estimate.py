@@ -143,6 +143,14 @@ class Estimate:
 
     def components(self) -> list[tuple[str, int]]:
         """``(name, bytes)`` for each part, in the order printed."""
+        if self.kernels.startswith("xla"):
+            return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
+                    ("XLA temporaries (activations, gradients, workspaces)",
+                     self.activations),
+                    ("input batch", self.input_batch), ("input pipeline", self.pipeline),
+                    ("other XLA buffers (metrics, logs, code)", self.runtime),
+                    ("state counted beyond XLA's arguments", self.margin),
+                    (f"framework baseline ({self.baseline_source})", self.baseline)]
         return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
                 ("gradients (at peak)", self.gradients),
                 ("activations (at peak)", self.activations),
@@ -171,7 +179,8 @@ class Estimate:
         widths = [max(len(row[i]) for row in rows) for i in range(6)]
         lines = [f"memfit estimate: {self.model_name}, batch {self.batch_size}, "
                  f"{self.dtype_policy}, {self.optimizer}, {self.device}",
-                 f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}",
+                 *([] if self.kernels.startswith("xla") else
+                   [f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}"]),
                  f"kernels: {_KERNELS_TEXT[self.kernels]}", ""]
         for i, row in enumerate(rows):
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
@@ -187,9 +196,14 @@ class Estimate:
             lines.append(f"  {name:<{width}}  {format_size(value):>10}")
         lines.append(f"  {'total':<{width}}  {format_size(self.total):>10}")
         lines.append(f"  {'range':<{width}}  {format_size(self.total_low):>10} - "
-                     f"{format_size(self.total_high)} (measured out of family, "
-                     f"{self.allocator_policy} policy: docs/estimate.md)")
-        lines.append(f"  (the step peaks at {self.peak_op})")
+                     f"{format_size(self.total_high)} ("
+                     + ("XLA's band: docs/estimate.md, On JAX)"
+                        if self.kernels.startswith("xla") else
+                        f"measured out of family, {self.allocator_policy} policy: "
+                        f"docs/estimate.md)"))
+        lines.append(f"  (the step's memory is {self.peak_op})"
+                     if self.kernels.startswith("xla") else
+                     f"  (the step peaks at {self.peak_op})")
         if self.budget is not None:
             said = {FITS: "fits (even the high end)",
                     DOES_NOT_FIT: "does NOT fit (not even the low end)",
@@ -211,6 +225,12 @@ _KERNELS_TEXT = {
     "tensorflow": "TensorFlow's own (oneDNN off in this process: TF_ENABLE_ONEDNN_OPTS=0, or "
                   "a CPU it does not use)",
 }
+_KERNELS_TEXT.update({
+    "xla-gpu": "XLA's, on the GPU (Keras on JAX: the step is one compiled program; its "
+               "buffer assignment is what the device's allocator hands out)",
+    "xla-cpu": "XLA's, on the CPU (Keras on JAX: the step's buffers from XLA, the runtime "
+               "and compiler memory from the calibrated baseline)",
+})
 _POLICY_TEXT = {
     "fixed": "fixed (glibc mmap threshold 128 KiB: start the training with "
              "MALLOC_MMAP_THRESHOLD_=131072 or call "

@@ -33,7 +33,7 @@ from memfit.estimate.model import (
     parse_input_shape,
 )
 from memfit.estimate.optimizers import check_optimizer
-from memfit.frameworks import TENSORFLOW_EXTRA, require
+from memfit.frameworks import require_for_training
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.sizes import format_size, parse_size
 
@@ -165,7 +165,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         EstimateError: for a model that cannot be loaded (found by the estimate), or
             bad arguments, each quoting the value.
     """
-    require("tensorflow", "memfit find-batch-size", TENSORFLOW_EXTRA)
+    require_for_training("memfit find-batch-size")
     budget_bytes = parse_size(budget, name="budget")
     check_policy(dtype_policy)
     if optimizer is not None:

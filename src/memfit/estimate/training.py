@@ -131,18 +131,32 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
 
 
 def make_batch(setup: Setup, batch_size: int) -> tuple[Any, Any]:
-    """A batch of ``batch_size`` samples as TensorFlow tensors: ``(x, y)``.
+    """A batch of ``batch_size`` samples: ``(x, y)``, TensorFlow tensors on Keras's
+    TensorFlow backend, NumPy arrays on any other (TensorFlow need not be installed).
 
     Float inputs are uniform in [0, 1); integer inputs are zeros (valid indices for an
     Embedding); targets are zeros.
     """
-    import tensorflow as tf
+    from memfit.frameworks import keras_backend
 
-    def one(shape: tuple[int, ...], dtype: str, random: bool) -> Any:
-        full = (batch_size, *shape)
-        if random and dtype.startswith("float"):
-            return tf.random.uniform(full, dtype=dtype)
-        return tf.zeros(full, dtype=dtype)
+    if keras_backend() == "tensorflow":
+        import tensorflow as tf
+
+        def one(shape: tuple[int, ...], dtype: str, random: bool) -> Any:
+            full = (batch_size, *shape)
+            if random and dtype.startswith("float"):
+                return tf.random.uniform(full, dtype=dtype)
+            return tf.zeros(full, dtype=dtype)
+    else:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+
+        def one(shape: tuple[int, ...], dtype: str, random: bool) -> Any:
+            full = (batch_size, *shape)
+            if random and dtype.startswith("float"):
+                return rng.random(full, dtype="float32").astype(dtype)
+            return np.zeros(full, dtype=dtype)
 
     xs = [one(s, d, True) for s, d in setup.inputs]
     ys = [one(s, d, False) for s, d in setup.targets]

@@ -1,0 +1,306 @@
+"""The estimate on Keras's JAX backend: XLA's own buffer assignment of the training step.
+
+On JAX, Keras compiles the whole training step (forward, backward, optimizer update) into
+one XLA program, ``jax.jit(model.train_step, donate_argnums=0)``. Compiling it for a batch
+shape gives XLA's memory analysis of that program, without running it:
+
+* **arguments**: the training state (weights, optimizer slots, metric variables) and the
+  batch, the buffers the program reads;
+* **outputs**: the new state and the logs; the state's outputs reuse the donated state's
+  buffers (**aliased**), so only the rest is new;
+* **temporaries**: every buffer XLA assigned inside the step, activations kept for the
+  backward pass, gradients and library workspaces (cuBLAS, cuDNN) included;
+* XLA's own **peak**: the largest total its heap simulation of the buffers' live ranges
+  reached.
+
+On a GPU this is the memory the device's allocator hands out for the step
+(``device.memory_stats()["peak_bytes_in_use"]``), which is what ``memfit share`` caps with
+``XLA_PYTHON_CLIENT_MEM_FRACTION``. On the CPU the process also holds JAX's runtime and the
+compiler's memory (host RSS), which no buffer assignment shows: that part is the
+**runtime** term, measured, not predicted (docs/estimate.md, "On JAX").
+
+:class:`XlaEstimator` gives the same contract as the TensorFlow estimator
+(:class:`memfit.estimate.estimator.Estimator`): ``total``, ``low``/``high`` (a range),
+``max_batch_size(budget)`` and ``at(batch, budget=...)`` returning an
+:class:`~memfit.estimate.memory_estimate.Estimate` with its verdict.
+
+Example:
+    >>> import os; os.environ.get("KERAS_BACKEND") == "jax"          # doctest: +SKIP
+    True
+    >>> est = XlaEstimator("mymodels:make_mlp", optimizer="adam")     # doctest: +SKIP
+    >>> est.step(256).temporaries                                     # doctest: +SKIP
+    18882628
+    >>> print(est.at(256, budget="2GiB"))                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memfit.estimate.baseline import check_device, framework_baseline
+from memfit.estimate.layers import param_bytes, param_count
+from memfit.estimate.memory_estimate import Estimate
+from memfit.estimate.model import EstimateError, check_batch_size, check_policy
+from memfit.estimate.optimizers import check_optimizer, name_of
+from memfit.estimate.training import Setup, batch_bytes, prepare
+from memfit.frameworks import KERAS_EXTRA, require
+from memfit.quiet import filtered_stderr, quieted
+from memfit.sizes import format_size, parse_size
+
+__all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step"]
+
+MAX_BATCH = 1 << 24
+
+#: The range around the point, per platform: the point's part that is not exact (the
+#: temporaries and new outputs) times ``low``/``high``. On a GPU the buffer assignment is
+#: what the allocator hands out; the allocator's rounding and fragmentation come on top
+#: (``high``). On the CPU the runtime term is a measured constant per process, so the
+#: band is wider. These are not fitted: docs/estimate.md ("On JAX") has what they were
+#: checked against, with the GPU measurements of benchmarks/gpu_check.py.
+XLA_BANDS: dict[str, dict[str, float]] = {
+    "gpu": {"low": 0.9, "high": 1.15},
+    "cpu": {"low": 0.8, "high": 1.3},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaStep:
+    """XLA's memory analysis of one compiled training step (bytes).
+
+    Attributes:
+        batch_size: the batch it was compiled for.
+        arguments: buffers the step reads: the training state and the batch.
+        outputs: buffers it writes: the new state and the logs.
+        aliased: outputs that reuse a donated argument's buffer (the state).
+        temporaries: buffers XLA assigned inside the step.
+        code: generated code held on the device (0 where it lives on the host).
+        xla_peak: XLA's own peak of its heap simulation (``None`` where not reported).
+        platform: ``"gpu"`` or ``"cpu"`` (the device it was compiled for).
+    """
+
+    batch_size: int
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    code: int
+    xla_peak: int | None
+    platform: str
+
+    @property
+    def new_outputs(self) -> int:
+        """Outputs that need buffers of their own (not the donated state's)."""
+        return max(0, self.outputs - self.aliased)
+
+    @property
+    def total(self) -> int:
+        """Everything assigned at once, the upper bound of the step: arguments, new
+        outputs, temporaries and code (XLA's peak can be lower: not every temporary is
+        alive with every argument)."""
+        return self.arguments + self.new_outputs + self.temporaries + self.code
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "new_outputs": self.new_outputs,
+                "total": self.total}
+
+
+def _abstract(value: Any) -> Any:
+    import jax
+
+    return jax.ShapeDtypeStruct(value.shape, value.dtype)
+
+
+def _state(model: Any) -> tuple:
+    """The training state Keras's JAX trainer passes to ``train_step``: trainable,
+    non-trainable, optimizer and metric variables, as arrays (public attributes only)."""
+    return ([v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in model.optimizer.variables],
+            [v.value for v in model.metrics_variables])
+
+
+def compile_train_step(setup: Setup, batch_size: int) -> XlaStep:
+    """Compiles ``setup.model``'s training step for ``batch_size`` and returns XLA's
+    memory analysis of it; nothing runs, no batch is allocated.
+
+    Example:
+        >>> setup = prepare("mymodels:make_mlp", optimizer="adam")    # doctest: +SKIP
+        >>> compile_train_step(setup, 64).total > 0                    # doctest: +SKIP
+        True
+
+    Args:
+        setup: the model compiled for training (:func:`~memfit.estimate.training.prepare`),
+            its variables built (:func:`~memfit.estimate.training.prepare` builds them).
+        batch_size: samples per step.
+    """
+    import jax
+
+    model = setup.model
+    state = jax.tree_util.tree_map(_abstract, _state(model))
+
+    def spec(shape: tuple[int, ...], dtype: str) -> Any:
+        return jax.ShapeDtypeStruct((batch_size, *shape), dtype)
+
+    xs = [spec(s, d) for s, d in setup.inputs]
+    ys = [spec(s, d) for s, d in setup.targets]
+    data = (xs[0] if len(xs) == 1 else xs, ys[0] if len(ys) == 1 else ys, None)
+    try:
+        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
+    except Exception as e:     # noqa: BLE001
+        raise EstimateError(f"Cannot compile a training step of the model with XLA "
+                            f"({type(e).__name__}: {str(e)[:300]}).") from None
+    ma = compiled.memory_analysis()
+    if ma is None:
+        raise EstimateError("XLA gave no memory analysis for the training step on this "
+                            "platform: the JAX estimate needs it (a CPU or GPU backend).")
+    peak = getattr(ma, "peak_memory_in_bytes", None)
+    platform = jax.devices()[0].platform
+    return XlaStep(batch_size=batch_size, arguments=int(ma.argument_size_in_bytes),
+                   outputs=int(ma.output_size_in_bytes), aliased=int(ma.alias_size_in_bytes),
+                   temporaries=int(ma.temp_size_in_bytes),
+                   code=int(ma.generated_code_size_in_bytes) if platform == "gpu" else 0,
+                   xla_peak=int(peak) if peak else None,
+                   platform="gpu" if platform in ("gpu", "cuda", "rocm") else "cpu")
+
+
+class XlaEstimator:
+    """A Keras model on the JAX backend, prepared once, to estimate at any batch size.
+
+    The same contract as :class:`~memfit.estimate.estimator.Estimator`: :meth:`total`,
+    :meth:`low`, :meth:`high`, :meth:`max_batch_size` and :meth:`at`.
+
+    Example:
+        >>> est = XlaEstimator("mymodels:make_cnn", device="gpu:0")    # doctest: +SKIP
+        >>> est.max_batch_size("16GiB")                                 # doctest: +SKIP
+
+    Args:
+        model: a ``keras.Model``, a ``.keras`` path, or ``module:function``.
+        optimizer: an optimizer name, a Keras optimizer, or ``None`` (the model's, else
+            Adam).
+        dtype_policy: a Keras dtype policy name, or ``None`` for the model's own.
+        input_shape: input shape(s) without the batch dimension, where the model does not
+            know them.
+        dataset_budget: input pipeline bytes to count (host memory: on a GPU they are
+            not on the device and are left out).
+        device: ``"cpu"`` or ``"gpu:N"``: whose baseline to add; the step is compiled for
+            the platform JAX runs on in this process.
+    """
+
+    def __init__(self, model: Any, *, optimizer: Any = None, dtype_policy: str | None = None,
+                 input_shape: Any = None, dataset_budget: int | str | None = None,
+                 device: str = "cpu"):
+        require("jax", "the estimate on Keras's JAX backend", KERAS_EXTRA)
+        check_policy(dtype_policy)
+        if isinstance(optimizer, str):
+            check_optimizer(optimizer)
+        self.device = check_device(device)
+        self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
+                                                                     name="dataset_budget")
+        with quieted(), filtered_stderr():      # JAX's "Unable to initialize backend" lines
+            self.setup: Setup = prepare(model, dtype_policy=dtype_policy,
+                                        optimizer=optimizer, input_shape=input_shape)
+            try:
+                self.setup.model.optimizer.build(self.setup.model.trainable_variables)
+            except Exception as e:     # noqa: BLE001
+                raise EstimateError(f"Cannot build the optimizer's variables "
+                                    f"({type(e).__name__}: {e}).") from None
+        m = self.setup.model
+        self.weights = param_bytes(m.weights)
+        self.slots = param_bytes(list(m.optimizer.variables))
+        self.per_sample_input = batch_bytes(self.setup.inputs) + batch_bytes(self.setup.targets)
+        self._steps: dict[int, XlaStep] = {}
+        self.baseline, self.baseline_source = framework_baseline(self.device)
+        self.platform = self.step(1).platform
+        self.band = XLA_BANDS[self.platform]
+        if self.platform == "gpu":
+            self.pipeline = 0        # host memory; the device holds none of it
+
+    def step(self, batch_size: int) -> XlaStep:
+        """XLA's analysis of the step at ``batch_size`` (compiled once per size)."""
+        if batch_size not in self._steps:
+            with quieted(), filtered_stderr():
+                self._steps[batch_size] = compile_train_step(self.setup, batch_size)
+        return self._steps[batch_size]
+
+    def exact(self, batch_size: int) -> int:
+        """Bytes known exactly: the state (weights, slots), the batch and the pipeline."""
+        return self.weights + self.slots + self.per_sample_input * batch_size + self.pipeline
+
+    def model_bytes(self, batch_size: int) -> int:
+        """The point: XLA's total for the step (:attr:`XlaStep.total`), the state
+        counted from the model where XLA's arguments hold less (never below
+        :meth:`exact`), + the pipeline."""
+        s = self.step(batch_size)
+        return max(s.total, self.exact(batch_size) - self.pipeline) + self.pipeline
+
+    def total(self, batch_size: int) -> int:
+        return self.model_bytes(batch_size) + self.baseline
+
+    def _banded(self, batch_size: int, factor: float) -> int:
+        exact = self.exact(batch_size)
+        rest = max(0, self.model_bytes(batch_size) - exact)
+        return exact + int(rest * factor) + self.baseline
+
+    def low(self, batch_size: int) -> int:
+        return self._banded(batch_size, self.band["low"])
+
+    def high(self, batch_size: int) -> int:
+        return self._banded(batch_size, self.band["high"])
+
+    def max_batch_size(self, budget: int | str) -> int:
+        """The largest batch size whose high end fits ``budget`` (0: not even 1 does).
+        XLA's assignment can change shape between batch sizes, so the answer found by
+        doubling and bisection is checked once more at the end and lowered where a
+        smaller batch would not fit."""
+        budget = parse_size(budget, name="budget")
+        if self.high(1) > budget:
+            return 0
+        lo, hi = 1, 2
+        while hi < MAX_BATCH and self.high(hi) <= budget:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.high(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
+        """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
+        check_batch_size(batch_size)
+        budget_bytes = None if budget is None else parse_size(budget, name="budget")
+        s = self.step(batch_size)
+        m = self.setup.model
+        input_batch = self.per_sample_input * batch_size
+        state_and_batch = self.weights + self.slots + input_batch
+        # What XLA's arguments hold beyond the state and the batch (metric variables,
+        # the seed generator's state) and its new outputs (the logs).
+        runtime = max(0, s.arguments - state_and_batch) + s.new_outputs + s.code
+        e = Estimate(model_name=m.name, batch_size=batch_size, dtype_policy=self.setup.policy,
+                     optimizer=name_of(self.setup.optimizer), device=self.device, layers=(),
+                     weights=self.weights, optimizer_slots=self.slots, gradients=0,
+                     activations=s.temporaries, allocator=0, input_batch=input_batch,
+                     pipeline=self.pipeline, runtime=runtime,
+                     margin=max(0, self.model_bytes(batch_size) - self.pipeline - s.total),
+                     allocator_policy="default", kernels=f"xla-{self.platform}",
+                     baseline=self.baseline, baseline_source=self.baseline_source,
+                     peak_op="XLA's buffer assignment (one compiled program)",
+                     params_trainable=param_count(m.trainable_weights),
+                     params_non_trainable=param_count(m.non_trainable_weights),
+                     model_bytes_low=self.low(batch_size) - self.baseline,
+                     model_bytes_high=self.high(batch_size) - self.baseline)
+        if budget_bytes is None:
+            return e
+        best = self.max_batch_size(budget_bytes)
+        advice: tuple[str, ...] = ()
+        if best == 0:
+            advice = ("nothing fits: use mixed precision, a lighter optimizer, or a smaller "
+                      "model",)
+        elif best < batch_size:
+            advice = (f"batch {batch_size} may not fit {format_size(budget_bytes)}: train at "
+                      f"batch {best} or below, or find the largest with memfit "
+                      f"find-batch-size",)
+        return dataclasses.replace(e, budget=budget_bytes, max_batch_size=best,
+                                   advice=advice)
