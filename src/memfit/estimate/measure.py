@@ -176,7 +176,8 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
                      input_shape: Any = None, steps: int = DEFAULT_STEPS,
                      device: str = "cpu", budget: int | None = None,
                      timeout: float = DEFAULT_TIMEOUT,
-                     allocator: str = "default") -> ChildResult:
+                     allocator: str = "default",
+                     device_limit: int | None = None) -> ChildResult:
     """Runs ``steps`` real training steps in a child process and measures their peak.
 
     Example:
@@ -199,11 +200,14 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
             ``"default"`` (glibc as it comes, like the training process it stands for)
             or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB: for a training
             process that fixes it too).
+        device_limit: on a GPU under Keras's JAX backend, the device bytes the child's
+            allocator may hand out (``XLA_PYTHON_CLIENT_MEM_FRACTION``): a step that
+            needs more ends as ``"oom"``, a real device out-of-memory.
 
     Raises:
         MemfitError: if ``model`` is a live model object.
     """
-    require_for_training("measuring a training")   # in its child
+    backend = require_for_training("measuring a training")   # in its child
     check_batch_size(batch_size)
     check_policy(dtype_policy)
     check_allocator(allocator)
@@ -216,4 +220,8 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
                "dtype_policy": dtype_policy,
                "optimizer": optimizer if isinstance(optimizer, str) else None,
                "steps": steps, "device": device, "allocator": allocator}
+    if backend == "jax" and device.startswith("gpu") and device_limit is not None:
+        # JAX holds itself to the limit on the device and fails with XLA's
+        # RESOURCE_EXHAUSTED (an "oom") where the step does not fit.
+        request["device_limit"] = int(device_limit)
     return run_child(request, budget=budget, timeout=timeout)

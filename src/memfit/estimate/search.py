@@ -148,8 +148,9 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         optimizer: optimizer name (see :mod:`memfit.estimate.optimizers`).
         input_shape: input shape(s) for a model that does not know them.
         steps: training steps per child.
-        device: ``"cpu"`` (``"gpu:N"``: children run there; the budget is still host
-            RSS).
+        device: ``"cpu"`` (``"gpu:N"``: children run there; on TensorFlow the budget
+            is still host RSS, on JAX it is the device's memory, each child's allocator
+            held to it: a batch that does not fit fails with a real device OOM).
         precision: stop when the bracket is within this fraction of the answer (0:
             exact, to one sample).
         max_trials: the most child processes to run.
@@ -165,7 +166,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         EstimateError: for a model that cannot be loaded (found by the estimate), or
             bad arguments, each quoting the value.
     """
-    require_for_training("memfit find-batch-size")
+    backend = require_for_training("memfit find-batch-size")
     budget_bytes = parse_size(budget, name="budget")
     check_policy(dtype_policy)
     if optimizer is not None:
@@ -183,11 +184,23 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
     report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
                                 allocator)
     estimated = int(report.get("max_batch_size") or 0)
+    # On a GPU under JAX the budget is the device's: each child's allocator is held to it
+    # (less the per-process baseline the estimate adds, the CUDA context) and a step that
+    # does not fit fails there, a real device out-of-memory; elsewhere it is host RSS.
+    on_device = backend == "jax" and device.startswith("gpu")
+    device_limit = max(1, budget_bytes - int(report.get("baseline") or 0)) if on_device \
+        else None
 
     def measure(b: int) -> ChildResult:
-        return measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
-                                steps=steps, device=device, budget=budget_bytes,
-                                timeout=timeout, allocator=allocator)
+        r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
+                             steps=steps, device=device,
+                             budget=None if on_device else budget_bytes,
+                             timeout=timeout, allocator=allocator, device_limit=device_limit)
+        if on_device and r.report.get("gpu_peak") is not None:
+            # The device's allocator peak, plus the baseline the budget includes.
+            r = dataclasses.replace(r, peak=int(r.report["gpu_peak"]) + budget_bytes
+                                    - (device_limit or budget_bytes))
+        return r
 
     search = _Search(measure, max_trials, on_trial)
     # From the estimate (or a given start) the answer is near: grow by step_factor. With

@@ -114,18 +114,27 @@ def _from_event(record: dict) -> VerdictSummary:
                           note=note)
 
 
+def _device(v: VerdictSummary) -> VerdictSummary:
+    """A verdict on the device's memory (``scope: "device"``), named as such."""
+    return dataclasses.replace(v, headline=f"device memory: {v.headline}")
+
+
 def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
     """The verdict(s) on a run.
 
-    The last ``verdict`` event of the log wins. Without one, each process with at least
-    ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its anonymous RSS at those
+    The last ``verdict`` event of the log wins (and the last on the device's memory,
+    ``scope: "device"``, from ``MemoryMonitor`` on a GPU, follows it). Without one, each
+    process with at least ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its anonymous RSS at those
     epoch ends (``warmup_epochs`` from the ``start`` event, else the classifier's default).
     Without
     those either, a single ``too-short`` verdict says why nothing can be judged.
     """
-    logged = data.events(Event.VERDICT)
+    every = data.events(Event.VERDICT)
+    logged = [e for e in every if e.get("scope") != "device"]
+    device = [e for e in every if e.get("scope") == "device"]
     if logged:
-        return (_from_event(logged[-1]),)
+        return (_from_event(logged[-1]),
+                *((_device(_from_event(device[-1])),) if device else ()))
     warmup = data.start.get("warmup_epochs")
     kwargs = {"warmup_epochs": warmup} if isinstance(warmup, int) and warmup >= 0 else {}
     out = []

@@ -104,6 +104,11 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.tensorboard_dir = tensorboard_dir
         self.epoch_values: list[int] = []
         self.verdict: Verdict | None = None
+        # On a GPU: the device allocator's bytes in use, and what NVML charges the process
+        # (in use + what the allocator keeps), at each epoch end.
+        self.device_in_use: list[int] = []
+        self.device_held: list[int] = []
+        self.device_verdict: Verdict | None = None
         self.log: MemoryLog | None = None
         self._writer: Any = None
         self._step = 0
@@ -171,6 +176,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write(Event.TRIM, released=released, epoch=epoch)
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
+        self._device_epoch(record, epoch)
         if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES and not \
                 self._release.releases:
             return
@@ -179,6 +185,36 @@ class MemoryMonitor(keras.callbacks.Callback):
                      epoch=epoch)
         if self.verdict.kind == "leak":
             self._act(epoch, first=previous != "leak")
+
+    def _device_epoch(self, record: dict, epoch: int) -> None:
+        """The device's verdict, judged as the host's: what NVML charges the process is
+        the series; what the allocator keeps beyond its bytes in use plays the part of
+        what a trim gives back (growth there is allocator retention on the device, not a
+        leak). Without NVML, the bytes in use alone."""
+        gpu = record.get("gpu")
+        if not gpu:
+            return
+        self.device_in_use.append(sum(int(v["current"]) for v in gpu.values()))
+        if record.get("nvml") is not None:
+            self.device_held.append(int(record["nvml"]))
+        if len(self.device_in_use) - self.warmup_epochs < MIN_VALUES:
+            return
+        held = self.device_held if len(self.device_held) == len(self.device_in_use) else []
+        first = self.warmup_epochs
+
+        def kept_unused() -> int:
+            return max(0, (held[-1] - self.device_in_use[-1])
+                       - (held[first] - self.device_in_use[first]))
+
+        verdict = classify(held or self.device_in_use, warmup_epochs=self.warmup_epochs,
+                           trim_probe=kept_unused if held else None)
+        previous = self.device_verdict.kind if self.device_verdict else None
+        self.device_verdict = verdict
+        if verdict.kind != previous:
+            assert self.log is not None
+            self.log.write(Event.VERDICT, epoch=epoch, scope="device", **verdict.to_record())
+            if self.verbose:
+                print(f"\nmemfit: device memory: {verdict.headline}", file=sys.stderr)
 
     def _judge(self, trim_probe: Any = None) -> Verdict:
         """The epoch ends' verdict; memory kept after del + gc.collect() that a trim gave
