@@ -124,10 +124,10 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
 
     The last ``verdict`` event of the log wins (and the last on the device's memory,
     ``scope: "device"``, from ``MemoryMonitor`` on a GPU, follows it). Without one, each
-    process with at least ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its anonymous RSS at those
-    epoch ends (``warmup_epochs`` from the ``start`` event, else the classifier's default).
-    Without
-    those either, a single ``too-short`` verdict says why nothing can be judged.
+    process with at least ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its
+    anonymous RSS at those epoch ends (``warmup_epochs`` from the ``start`` event, else the
+    classifier's default). Without those either, a single ``too-short`` verdict says why
+    nothing can be judged.
     """
     every = data.events(Event.VERDICT)
     logged = [e for e in every if e.get("scope") != "device"]
