@@ -1,25 +1,37 @@
-"""GPU check, ready to run on a lent GPU machine with JAX and Keras (no TensorFlow needed).
+"""GPU check: memfit's device claims measured on a lent GPU through Keras on JAX (no TensorFlow).
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/gpu_check.py      # here: runs, measures nothing
-    python benchmarks/gpu_check.py --jobs 2 --fraction 0.3            # on the GPU machine
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/gpu_check.py --quick  # runs, measures nothing
+    python benchmarks/gpu_check.py --out $OUT                           # on the GPU machine
 
-One short call (well under 5 minutes on a GPU). It starts ``--jobs`` small Keras trainings
-on the JAX backend at once, on one device, each with a cap in the form JAX obeys (what
-``memfit share`` hands a JAX job): ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (JAX would
-otherwise take 75 % of the card at start-up, and the second job would fail) and
-``XLA_PYTHON_CLIENT_MEM_FRACTION`` = the job's share of the card. Each training has a
-``memfit.MemoryMonitor``. While they run this process samples NVML's memory per process
-(:func:`memfit.memory.probe.nvml_devices`). At the end it prints, per job:
+One call, about five minutes on a GPU. Five parts (``--parts``, all by default):
 
-- the cap (fraction x the card's memory), and whether it held: JAX's allocator peak
-  (``device.memory_stats()["peak_bytes_in_use"]``) within its ``bytes_limit``, and NVML's
-  per-process peak, which adds the CUDA context and libraries on top, against the cap;
-- ``MemoryMonitor``'s device figures (the ``gpu`` field of its log, read from the same
-  allocator statistics) against the training's own last ``memory_stats()``.
+``estimate``
+    XLA's estimate (:class:`memfit.estimate.xla.XlaEstimator`) against the device
+    allocator's measured peak (``device.memory_stats()["peak_bytes_in_use"]`` after three
+    ``train_on_batch`` steps), for the family panel (``estimate_family_models.py``) at its
+    largest batch and 16 times it, each case in its own process (8 at a time). Nothing of
+    the estimate is fitted on these cases: every one of them is held out.
+``search``
+    ``memfit find-batch-size`` on the device: each trial a child whose allocator is held
+    to the budget; a batch that does not fit fails with a real device OOM.
+``monitor``
+    ``MemoryMonitor``'s device verdict for three trainings: one that keeps device arrays
+    every epoch (a leak), one that holds a large array from the start (a level), one that
+    makes and frees growing temporaries (the allocator keeps the pool: retention).
+``share``
+    four JAX trainings under ``memfit share`` on the card, each capped at its share in the
+    form JAX obeys (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``), with NVML's per-process memory polled against
+    each job's charge;
+``nomemfit``
+    the same four without memfit, at JAX's defaults (75 % of the card taken at start-up).
 
-Without a GPU (``JAX_PLATFORMS=cpu``, or none visible) it runs the same trainings on the
-CPU and says so: no GPU, nothing measured; it exits 0 (tests/test_gpu_check.py runs it
-so). It exits 1 when a training fails.
+The parts that need no card to themselves (estimate, search, monitor) run side by side;
+share and nomemfit after them, alone. Markdown tables go to standard output and to
+``OUT/gpu_check.md``, the raw figures to ``OUT/gpu_check.json`` (rewritten after each part,
+so a run cut short keeps what it measured). Without a GPU (``JAX_PLATFORMS=cpu``, or none
+visible) every part runs on the CPU and the output says that nothing was measured on a
+device; it exits 0 (tests/test_gpu_check.py runs it so), 1 when a part failed to run.
 """
 
 from __future__ import annotations
@@ -27,137 +39,511 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
-FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+HERE = Path(__file__).resolve()
+MODELS = HERE.with_name("estimate_family_models.py")
+XLA_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+GIB = 2**30
 
 
-def jax_cap_env(fraction: float) -> dict[str, str]:
-    """The environment that caps one JAX process at ``fraction`` of its device."""
-    return {PREALLOCATE_ENV: "false", FRACTION_ENV: f"{fraction:.3f}"}
+def fmt(value: float | None) -> str:
+    from memfit.sizes import format_size
+
+    return "n/a" if value is None else format_size(int(value))
 
 
-def child(out: Path, epochs: int, width: int) -> None:
-    """One training (run in its own process): writes its figures to ``out``."""
-    os.environ.setdefault("KERAS_BACKEND", "jax")
+# -- children ------------------------------------------------------------------------------
+
+def child_train(a: argparse.Namespace) -> None:
+    """One Keras training on JAX with a MemoryMonitor; optionally leaks device arrays
+    (``--leak-mib`` kept each epoch), holds a level (``--level-mib`` from the start) or
+    churns (a temporary of epoch x ``--churn-mib`` made and freed each epoch)."""
+    out = Path(a.out)
+    out.with_suffix(".pid").write_text(str(os.getpid()))
     import jax
     import keras
     import numpy as np
 
     import memfit
+    from memfit.memory.probe import jax_device_memory, nvml_memory
 
-    rng = np.random.default_rng(os.getpid() % 1000)
-    x = rng.normal(size=(4096, 256)).astype("float32")
-    y = rng.normal(size=(4096, 1)).astype("float32")
-    model = keras.Sequential([keras.Input((256,)),
-                              keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(1)])
+    kept = []
+
+    class Pressure(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if a.level_mib:
+                kept.append(jax.numpy.ones(a.level_mib * 2**18, "float32"))
+
+        def on_epoch_end(self, epoch, logs=None):
+            if a.leak_mib:
+                kept.append(jax.numpy.full(a.leak_mib * 2**18, epoch, "float32"))
+            if a.churn_mib:
+                t = jax.numpy.ones((epoch + 1) * a.churn_mib * 2**18, "float32")
+                t.block_until_ready()
+                del t
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(a.batch * a.steps, a.width)).astype("float32")
+    y = rng.normal(size=(a.batch * a.steps, 1)).astype("float32")
+    model = keras.Sequential([keras.Input((a.width,))]
+                             + [keras.layers.Dense(a.width, activation="relu")
+                                for _ in range(3)] + [keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-    monitor = memfit.MemoryMonitor(out.parent / f"{out.stem}-wd", every_n_batches=8,
+    monitor = memfit.MemoryMonitor(out.parent / f"{out.stem}-wd", every_n_batches=4,
                                    verbose=0)
-    model.fit(x, y, batch_size=256, epochs=epochs, callbacks=[monitor], verbose=0)
+    # The pressure callback runs before the monitor samples the epoch's end.
+    model.fit(x, y, batch_size=a.batch, epochs=a.epochs, callbacks=[Pressure(), monitor],
+              verbose=0)
     device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     out.write_text(json.dumps({
         "pid": os.getpid(), "platform": device.platform, "device": str(device),
         "peak": stats.get("peak_bytes_in_use"), "in_use": stats.get("bytes_in_use"),
         "limit": stats.get("bytes_limit"), "tensorflow": "tensorflow" in sys.modules,
-        "log": str(monitor.log_path), "verdict": monitor.verdict.kind}))
+        "nvml_end": nvml_memory(), "gpu": jax_device_memory(),
+        "fraction": os.environ.get(XLA_ENV[1]), "log": str(monitor.log_path),
+        "verdict": monitor.verdict.kind if monitor.verdict else None,
+        "device_verdict": (monitor.device_verdict.kind if monitor.device_verdict
+                           else None),
+        "device_in_use": monitor.device_in_use, "device_held": monitor.device_held}))
 
 
-def monitor_peak(log: Path) -> int | None:
-    """The highest device peak MemoryMonitor logged (its records' ``gpu`` field)."""
-    from memfit.memory.log import read_log
+def child_panel(a: argparse.Namespace) -> None:
+    """One panel case: XLA's estimate, then three real steps of the same model in this
+    process, and the device allocator's peak."""
+    import jax
 
-    peaks = [info.get("peak") for r in read_log(log)
-             for info in (r.get("gpu") or {}).values() if isinstance(info, dict)]
-    return max((p for p in peaks if p is not None), default=None)
+    from memfit.estimate.training import make_batch
+    from memfit.estimate.xla import XlaEstimator
+
+    spec = json.loads(a.spec)
+    shape = tuple(spec["input_shape"]) if spec.get("input_shape") else None
+    est = XlaEstimator(f"{MODELS}:{spec['name']}", optimizer="adam", input_shape=shape,
+                       device="gpu:0" if jax.devices()[0].platform == "gpu" else "cpu")
+    b = int(spec["batch"])
+    step = est.step(b)
+    predicted = est.model_bytes(b)
+    x, y = make_batch(est.setup, b)
+    t = time.perf_counter()
+    for _ in range(3):
+        est.setup.model.train_on_batch(x, y)
+    seconds = time.perf_counter() - t
+    stats = jax.local_devices()[0].memory_stats() or {}
+    print("GPUCHECK " + json.dumps({
+        **spec, "predicted": predicted, "low": est.low(b) - est.baseline,
+        "high": est.high(b) - est.baseline, "exact": est.exact(b), "xla": step.to_json(),
+        "measured": stats.get("peak_bytes_in_use"), "in_use": stats.get("bytes_in_use"),
+        "platform": jax.devices()[0].platform, "seconds": seconds}))
 
 
-def fmt(value: int | None) -> str:
-    from memfit.sizes import format_size
+def _child_env(**extra: str) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONUNBUFFERED": "1", **extra}
+    src = str(HERE.parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return env
 
-    return "n/a" if value is None else format_size(value)
+
+def _capped_env() -> dict:
+    """The parts that share the card with each other: JAX allocates as it needs."""
+    return _child_env(XLA_PYTHON_CLIENT_PREALLOCATE="false")
+
+
+def _train_cmd(out: Path, a: argparse.Namespace, **kw: int) -> list[str]:
+    cmd = [sys.executable, str(HERE), "--child", "train", "--out", str(out),
+           "--width", str(a.width), "--batch", str(a.batch), "--epochs", str(a.epochs),
+           "--steps", str(a.steps)]
+    for key, value in kw.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
+
+
+# -- parts ---------------------------------------------------------------------------------
+
+def part_estimate(a: argparse.Namespace, work: Path) -> dict:
+    sys.path.insert(0, str(HERE.parent))
+    from estimate_family_models import FAMILIES
+
+    cases = []
+    for family, models in FAMILIES.items():
+        for name, batches, shape in models:
+            sizes = [batches[-1]] if a.quick else [batches[-1], 16 * batches[-1]]
+            cases += [{"family": family, "name": name, "batch": b,
+                       "input_shape": list(shape) if shape else None} for b in sizes]
+    if a.quick:
+        cases = [c for c in cases if c["name"] in ("lenet", "gru", "mlp_deep")]
+
+    def run(case: dict) -> dict:
+        done = subprocess.run([sys.executable, str(HERE), "--child", "panel", "--spec",
+                               json.dumps(case)], env=_capped_env(), capture_output=True,
+                              text=True, timeout=a.case_timeout)
+        for line in done.stdout.splitlines():
+            if line.startswith("GPUCHECK "):
+                return json.loads(line[len("GPUCHECK "):])
+        tail = [ln for ln in done.stderr.strip().splitlines() if ln.strip()][-1:] or ["?"]
+        oom = "RESOURCE_EXHAUSTED" in done.stderr
+        return {**case, "error": ("device OOM: " if oom else "") + tail[0][-300:]}
+
+    with ThreadPoolExecutor(a.parallel) as pool:
+        results = list(pool.map(run, cases))
+    ok = [r for r in results if r.get("measured")]
+    lines = ["| family | model | batch | XLA estimate | range | measured peak | measured ÷ "
+             "estimate | in range |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        if not r.get("measured"):
+            estimate = (f"{fmt(r['predicted'])} | {fmt(r['low'])} – {fmt(r['high'])}"
+                        if "predicted" in r else " | ")
+            lines.append(f"| {r['family']} | {r['name']} | {r['batch']} | {estimate} | "
+                         f"{r.get('error', 'no device figure')} | | |")
+            continue
+        ratio = r["measured"] / r["predicted"]
+        inside = "yes" if r["low"] <= r["measured"] <= r["high"] else (
+            "ABOVE" if r["measured"] > r["high"] else "below")
+        lines.append(f"| {r['family']} | {r['name']} | {r['batch']} | {fmt(r['predicted'])} "
+                     f"| {fmt(r['low'])} – {fmt(r['high'])} | {fmt(r['measured'])} | "
+                     f"{ratio:.3f} | {inside} |")
+    summary = {}
+    if ok:
+        errors = [abs(r["measured"] / r["predicted"] - 1) for r in ok]
+        ratios = [r["measured"] / r["predicted"] for r in ok]
+        summary = {"cases": len(ok), "failed": len(results) - len(ok),
+                   "mre": statistics.mean(errors), "median_ratio": statistics.median(ratios),
+                   "min_ratio": min(ratios), "max_ratio": max(ratios),
+                   "under": sum(x > 1 for x in ratios) / len(ok),
+                   "above_high": sum(r["measured"] > r["high"] for r in ok)}
+        lines.append(f"\n{len(ok)} cases ({len(results) - len(ok)} without a figure): mean "
+                     f"relative error {summary['mre']:.1%}; measured ÷ estimate median "
+                     f"{summary['median_ratio']:.3f} (min {summary['min_ratio']:.3f}, max "
+                     f"{summary['max_ratio']:.3f}); under-estimated {summary['under']:.0%}; "
+                     f"above the high end: {summary['above_high']}")
+    return {"table": "\n".join(lines), "results": results, "summary": summary}
+
+
+def part_search(a: argparse.Namespace, work: Path) -> dict:
+    """find-batch-size on the device (on the CPU: a host budget), in a child of its own
+    (so that it runs under KERAS_BACKEND=jax)."""
+    targets = ([("mlp_deep", "900MiB")] if a.quick else
+               [("vgg_tiny", "2GiB"), ("mlp_8192", "3GiB")])
+    rows, raw = [], []
+    for name, budget in targets:
+        out = work / f"search-{name}.json"
+        cmd = [sys.executable, "-m", "memfit", "find-batch-size", f"{MODELS}:{name}",
+               "--budget", budget, "--precision", "0.03", "--json", "--device",
+               "gpu:0" if a.gpu else "cpu", "--max-trials", "4" if a.quick else "7"]
+        t = time.time()
+        done = subprocess.run(cmd, env=_capped_env(), capture_output=True, text=True,
+                              timeout=a.case_timeout * 4)
+        try:
+            r = json.loads(done.stdout)
+        except ValueError:
+            rows.append(f"| {name} | {budget} | failed: {done.stderr.strip()[-300:]} | | | |")
+            continue
+        out.write_text(json.dumps(r))
+        raw.append(r)
+        trials = ", ".join(f"{t_['batch_size']} {t_['status']}" for t_ in r["trials"])
+        ooms = sum(t_["status"] == "oom" for t_ in r["trials"])
+        rows.append(f"| {name} | {budget} | {r['estimated']} | {r['batch_size']} "
+                    f"(smallest failing {r['smallest_failing']}) | {len(r['trials'])} "
+                    f"({ooms} device OOMs): {trials} | {time.time() - t:.0f} s |")
+    table = ("| model | budget | estimate's largest batch | found | trials | time |\n"
+             "|---|---|---:|---|---|---:|\n" + "\n".join(rows))
+    return {"table": table, "results": raw}
+
+
+def part_monitor(a: argparse.Namespace, work: Path) -> dict:
+    scale = 1 if a.quick else 16
+    cases = {"leak": {"leak_mib": 64 * scale}, "level": {"level_mib": 256 * scale},
+             "churn": {"churn_mib": 64 * scale}}
+    procs = {}
+    for name, kw in cases.items():
+        out = work / f"monitor-{name}.json"
+        procs[name] = (out, subprocess.Popen(_train_cmd(out, a, epochs=8, **kw),
+                                             env=_capped_env(), stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE, text=True))
+    rows, raw = [], {}
+    for name, (out, proc) in procs.items():
+        err = proc.communicate(timeout=a.case_timeout * 2)[1]
+        if proc.returncode != 0 or not out.exists():
+            rows.append(f"| {name} | failed (exit {proc.returncode}): "
+                        f"{err.strip()[-300:]} | | | |")
+            continue
+        r = json.loads(out.read_text())
+        raw[name] = r
+        in_use = ", ".join(f"{v / 2**20:.0f}" for v in r["device_in_use"]) or "n/a"
+        held = ", ".join(f"{v / 2**20:.0f}" for v in r["device_held"]) or "n/a"
+        rows.append(f"| {name} | {r['device_verdict'] or 'n/a (no device figures)'} | "
+                    f"{r['verdict']} | {in_use} | {held} |")
+    try:
+        from memfit.report import write_report
+
+        if "leak" in raw:
+            written = write_report(Path(raw["leak"]["log"]).parent)
+            raw["leak_report"] = str(written)
+    except Exception as e:       # noqa: BLE001
+        raw["report_error"] = f"{type(e).__name__}: {e}"
+    table = ("| training | device verdict | host verdict | device bytes in use at epoch "
+             "ends (MiB) | NVML per process at epoch ends (MiB) |\n|---|---|---|---|---|\n"
+             + "\n".join(rows))
+    return {"table": table, "results": raw}
+
+
+class NvmlPoller(threading.Thread):
+    """Polls NVML's per-process device memory of the trainings that wrote their pid."""
+
+    def __init__(self, work: Path, pattern: str):
+        super().__init__(daemon=True)
+        self.work, self.pattern = work, pattern
+        self.peak: dict[int, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from memfit.memory.probe import nvml_devices
+
+        while not self.stop.is_set():
+            for pid_file in self.work.glob(self.pattern):
+                try:
+                    pid = int(pid_file.read_text())
+                except ValueError:
+                    continue
+                for device in nvml_devices(pid) or []:
+                    if device["own"] is not None:
+                        self.peak[pid] = max(self.peak.get(pid, 0), device["own"])
+            time.sleep(0.1)
+
+
+def _card_total() -> int | None:
+    from memfit.memory.probe import nvml_devices
+
+    devices = nvml_devices() or []
+    return devices[0]["total"] if devices else None
+
+
+def part_share(a: argparse.Namespace, work: Path) -> dict:
+    share_dir = work / "share"
+    share_dir.mkdir(parents=True, exist_ok=True)
+    need = "256MiB" if a.quick else "4GiB"
+    overhead_note = "default"
+    if a.gpu:
+        try:
+            from memfit.estimate.baseline import calibrate
+
+            os.environ["KERAS_BACKEND"] = "jax"
+            c = calibrate("gpu:0", runs=1)
+            overhead_note = f"calibrated on JAX: {fmt(c.baseline)}"
+        except Exception as e:      # noqa: BLE001
+            overhead_note = f"calibration failed ({type(e).__name__}: {e}); default"
+    jobs = share_dir / "jobs.toml"
+    with open(jobs, "w") as f:
+        for i in range(4):
+            out = share_dir / f"job{i}.json"
+            f.write(f'[[job]]\nname = "job{i}"\nneed = "{need}"\ncommand = '
+                    f'{json.dumps(_train_cmd(out, a))}\n\n')
+    from memfit.estimate.baseline import framework_baseline
+    from memfit.sizes import parse_size
+
+    overhead, source = framework_baseline("gpu:0" if a.gpu else "cpu")
+    budget = 4 * (parse_size(need) + overhead)
+    poller = NvmlPoller(share_dir, "job*.pid")
+    poller.start()
+    t = time.time()
+    done = subprocess.run([sys.executable, "-m", "memfit", "share", str(jobs), "--device",
+                           "gpu:0" if a.gpu else "cpu", "--budget", str(budget),
+                           "--workdir", str(share_dir / "wd")], env=_child_env(),
+                          capture_output=True, text=True, timeout=a.case_timeout * 4)
+    poller.stop.set()
+    poller.join()
+    total = _card_total()
+    rows, raw = [], []
+    cap = parse_size(need)
+    for i in range(4):
+        out = share_dir / f"job{i}.json"
+        if not out.exists():
+            rows.append(f"| job{i} | did not finish | | | | |")
+            continue
+        r = json.loads(out.read_text())
+        raw.append(r)
+        nvml = poller.peak.get(r["pid"])
+        charge = cap + overhead
+        rows.append(f"| job{i} | {fmt(cap)} (fraction {r['fraction']}) | "
+                    f"{fmt(r['peak'])} / {fmt(r['limit'])} | {fmt(nvml)} | {fmt(charge)} | "
+                    f"{'n/a' if nvml is None else ('yes' if nvml <= charge else 'NO')} |")
+    head = (f"memfit share: exit {done.returncode} in {time.time() - t:.0f} s; budget "
+            f"{fmt(budget)} (4 × (need {need} + per-process overhead {fmt(overhead)}, "
+            f"{source}; {overhead_note})); card {fmt(total)}; JAX's default would take "
+            f"75 % = {fmt(0.75 * total) if total else 'n/a'} per process, 4 × = "
+            f"{fmt(3 * total) if total else 'n/a'}")
+    table = (head + "\n\n| job | cap handed to JAX | JAX allocator peak / limit | NVML per "
+             "process, peak | charge (need + overhead) | NVML within the charge |\n"
+             "|---|---|---|---|---|---|\n" + "\n".join(rows))
+    if done.returncode != 0:
+        table += f"\n\nshare's output: {(done.stdout + done.stderr).strip()[-800:]}"
+    return {"table": table, "results": raw, "returncode": done.returncode,
+            "budget": budget, "overhead": overhead, "nvml_peak": poller.peak}
+
+
+def part_nomemfit(a: argparse.Namespace, work: Path) -> dict:
+    base = work / "nomemfit"
+    base.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in _child_env().items() if k not in XLA_ENV}
+    poller = NvmlPoller(base, "job*.pid")
+    poller.start()
+    procs = []
+    for i in range(4):
+        out = base / f"job{i}.json"
+        procs.append((out, subprocess.Popen(_train_cmd(out, a), env=env,
+                                            stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True)))
+        time.sleep(2.0)            # each starts once the one before has its memory
+    rows = []
+    failed = 0
+    for i, (out, proc) in enumerate(procs):
+        err = proc.communicate(timeout=a.case_timeout * 2)[1]
+        pid = int(out.with_suffix(".pid").read_text()) if out.with_suffix(".pid").exists() \
+            else None
+        ok = proc.returncode == 0 and out.exists()
+        failed += not ok
+        why = ""
+        if not ok:
+            lines = [ln for ln in err.splitlines() if "RESOURCE_EXHAUSTED" in ln
+                     or "out of memory" in ln.lower()] or err.strip().splitlines()[-1:]
+            why = (lines[0] if lines else "?").strip()[-200:]
+        rows.append(f"| job{i} | {'ran' if ok else 'FAILED'} (exit {proc.returncode}) | "
+                    f"{fmt(poller.peak.get(pid) if pid else None)} | {why} |")
+    poller.stop.set()
+    poller.join()
+    table = (f"{failed} of 4 trainings failed at JAX's defaults.\n\n| job | outcome | NVML "
+             "per process, peak | error |\n|---|---|---|---|\n" + "\n".join(rows))
+    return {"table": table, "failed": failed}
+
+
+PARTS = {"estimate": part_estimate, "search": part_search, "monitor": part_monitor,
+         "share": part_share, "nomemfit": part_nomemfit}
+SIDE_BY_SIDE = ("estimate", "search", "monitor")
+TITLES = {"estimate": "XLA's estimate against the device's measured peak (family panel)",
+          "search": "find-batch-size on the device, real OOMs",
+          "monitor": "MemoryMonitor's device verdicts",
+          "share": "Four trainings under memfit share",
+          "nomemfit": "The same four without memfit (JAX's defaults)"}
+
+
+def _gpu_visible() -> bool:
+    """Whether the children's JAX will run on a GPU: NVML sees one and JAX is not held to
+    the CPU. This process never imports JAX (it would take the card's memory)."""
+    from memfit.memory.probe import nvml_devices
+
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    return bool(nvml_devices()) and (not platforms or "cuda" in platforms
+                                     or "gpu" in platforms)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=2, help="trainings at once (default 2)")
-    p.add_argument("--fraction", type=float, help="each job's share of the device "
-                   "(default: 0.9 / jobs)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--width", type=int, default=1024, help="units of the hidden layers")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: "
+                   + ", ".join(PARTS))
+    p.add_argument("--out", type=Path, help="write gpu_check.md and gpu_check.json here")
     p.add_argument("--workdir", type=Path, help="keep the jobs' files here")
-    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child(args.child, args.epochs, args.width)
+    p.add_argument("--quick", action="store_true", help="small sizes (the CPU test)")
+    p.add_argument("--parallel", type=int, default=8, help="panel cases at once")
+    p.add_argument("--case-timeout", type=float, default=180.0)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--child", choices=("train", "panel"), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--leak-mib", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--level-mib", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--churn-mib", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child == "train":
+        child_train(a)
         return 0
+    if a.child == "panel":
+        child_panel(a)
+        return 0
+    if a.quick:
+        a.width, a.batch, a.steps = min(a.width, 64), min(a.batch, 32), min(a.steps, 4)
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown:
+        p.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    os.environ["KERAS_BACKEND"] = "jax"
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    a.gpu = _gpu_visible()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="memfit-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = a.out or work
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    results: dict[str, dict] = {}
+    lock = threading.Lock()
+    head = [f"# memfit GPU check, {time.strftime('%Y-%m-%d')}", "",
+            f"device: {'GPU ' + str(_card_name()) if a.gpu else 'none'}; JAX "
+            f"{_version('jax')}, Keras {_version('keras')}; TensorFlow "
+            f"{'imported' if 'tensorflow' in sys.modules else 'not imported'}"]
+    if not a.gpu:
+        head.append("\nno GPU: JAX ran on the cpu, so nothing was measured on a device; "
+                    "every part ran end to end on the CPU.")
+
+    def write() -> None:
+        text = "\n".join(head) + "\n"
+        for name in PARTS:
+            if name in results:
+                text += f"\n## {TITLES[name]}\n\n{results[name].get('table', '')}\n"
+        (out / "gpu_check.md").write_text(text)
+        (out / "gpu_check.json").write_text(json.dumps(results, default=str, indent=1))
+
+    def run(name: str) -> None:
+        t = time.time()
+        try:
+            r = PARTS[name](a, work)
+        except Exception as e:       # noqa: BLE001
+            r = {"table": f"part failed: {type(e).__name__}: {e}",
+                 "error": traceback.format_exc()[-3000:]}
+        r["seconds"] = round(time.time() - t, 1)
+        with lock:
+            results[name] = r
+            write()
+        print(f"[{time.time() - started:5.0f} s] {name} done in {r['seconds']} s",
+              file=sys.stderr, flush=True)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in parts if n in SIDE_BY_SIDE]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for name in parts:
+        if name not in SIDE_BY_SIDE:
+            run(name)
+    write()
+    print((out / "gpu_check.md").read_text())
+    print(f"{time.time() - started:.0f} s; files in {work}")
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def _card_name() -> str:
     from memfit.memory.probe import nvml_devices
 
-    fraction = args.fraction or 0.9 / args.jobs
-    started = time.time()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="memfit-gpu-check-"))
-    work.mkdir(parents=True, exist_ok=True)
     devices = nvml_devices() or []
-    total = devices[0]["total"] if devices else None
-    env = {**os.environ, "KERAS_BACKEND": "jax", **jax_cap_env(fraction)}
-    procs = []
-    for i in range(args.jobs):
-        out = work / f"job{i}.json"
-        procs.append((out, subprocess.Popen(
-            [sys.executable, __file__, "--child", str(out), "--epochs", str(args.epochs),
-             "--width", str(args.width)], env={**env, "MEMFIT_WORKDIR": str(work / f"job{i}")},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-    nvml_peak: dict[int, int] = {}
-    while any(proc.poll() is None for _, proc in procs):
-        for _, proc in procs:
-            for device in nvml_devices(proc.pid) or []:
-                if device["own"] is not None:
-                    nvml_peak[proc.pid] = max(nvml_peak.get(proc.pid, 0), device["own"])
-        time.sleep(0.2)
-    failed = 0
-    jobs = []
-    for out, proc in procs:
-        err = proc.stderr.read().decode(errors="replace")
-        if proc.wait() != 0 or not out.exists():
-            failed += 1
-            print(f"job {out.stem} failed (exit {proc.returncode}): {err[-1500:]}",
-                  file=sys.stderr)
-            continue
-        jobs.append(json.loads(out.read_text()))
-    gpu = bool(jobs) and all(j["platform"] == "gpu" for j in jobs)
-    print(f"# memfit GPU check ({time.strftime('%Y-%m-%d')}): {args.jobs} JAX trainings at "
-          f"once, each capped at {fraction:.0%} ({PREALLOCATE_ENV}=false, "
-          f"{FRACTION_ENV}={fraction:.3f})")
-    if not gpu:
-        print(f"\nno GPU: JAX ran on {jobs[0]['platform'] if jobs else 'nothing'}, so "
-              f"nothing was measured (device memory, caps and MemoryMonitor's device "
-              f"figures need a GPU); the trainings ran end to end on the CPU.")
-    cap = int(fraction * total) if total else None
-    print("\n| job | cap | JAX peak / limit | allocator held its limit | NVML per process "
-          "| NVML within the cap | MemoryMonitor device peak | JAX memory_stats peak |")
-    print("|---|---|---|---|---|---|---|---|")
-    for i, job in enumerate(jobs):
-        held = "n/a" if job["peak"] is None or not job["limit"] else \
-            ("yes" if job["peak"] <= job["limit"] else "NO")
-        nvml = nvml_peak.get(job["pid"])
-        within = "n/a" if nvml is None or cap is None else ("yes" if nvml <= cap else
-                                                             f"no (+{fmt(nvml - cap)})")
-        print(f"| {i} | {fmt(cap)} | {fmt(job['peak'])} / {fmt(job['limit'])} | {held} | "
-              f"{fmt(nvml)} | {within} | {fmt(monitor_peak(Path(job['log'])))} | "
-              f"{fmt(job['peak'])} |")
-    tf = [j for j in jobs if j["tensorflow"]]
-    print(f"\nMemoryMonitor verdicts: {', '.join(j['verdict'] for j in jobs) or 'none'}; "
-          f"TensorFlow imported by {len(tf)} of {len(jobs)} trainings; "
-          f"{time.time() - started:.0f} s; files in {work}")
-    return 1 if failed else 0
+    return f"{devices[0]['name']} ({fmt(devices[0]['total'])})" if devices else "?"
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
 
 
 if __name__ == "__main__":
