@@ -48,7 +48,8 @@ from memfit.frameworks import KERAS_EXTRA, require
 from memfit.quiet import filtered_stderr, quieted
 from memfit.sizes import format_size, parse_size
 
-__all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step"]
+__all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step", "compile_step",
+           "training_state"]
 
 MAX_BATCH = 1 << 24
 
@@ -111,7 +112,7 @@ def _abstract(value: Any) -> Any:
     return jax.ShapeDtypeStruct(value.shape, value.dtype)
 
 
-def _state(model: Any) -> tuple:
+def training_state(model: Any) -> tuple:
     """The training state Keras's JAX trainer passes to ``train_step``: trainable,
     non-trainable, optimizer and metric variables, as arrays (public attributes only)."""
     return ([v.value for v in model.trainable_variables],
@@ -121,13 +122,25 @@ def _state(model: Any) -> tuple:
 
 
 def compile_train_step(setup: Setup, batch_size: int) -> XlaStep:
-    """Compiles ``setup.model``'s training step for ``batch_size`` and returns XLA's
-    memory analysis of it; nothing runs, no batch is allocated.
+    """XLA's memory analysis of ``setup.model``'s training step at ``batch_size``:
+    :func:`compile_step`'s first half.
 
     Example:
         >>> setup = prepare("mymodels:make_mlp", optimizer="adam")    # doctest: +SKIP
         >>> compile_train_step(setup, 64).total > 0                    # doctest: +SKIP
         True
+    """
+    return compile_step(setup, batch_size)[0]
+
+
+def compile_step(setup: Setup, batch_size: int) -> tuple[XlaStep, Any]:
+    """Compiles ``setup.model``'s training step for ``batch_size``: XLA's memory analysis
+    of it, and the compiled program (it takes ``(state, (x, y, None))`` as Keras's JAX
+    trainer passes them, the state donated); nothing runs, no batch is allocated.
+
+    Example:
+        >>> setup = prepare("mymodels:make_mlp", optimizer="adam")    # doctest: +SKIP
+        >>> step, program = compile_step(setup, 64)                    # doctest: +SKIP
 
     Args:
         setup: the model compiled for training (:func:`~memfit.estimate.training.prepare`),
@@ -137,7 +150,7 @@ def compile_train_step(setup: Setup, batch_size: int) -> XlaStep:
     import jax
 
     model = setup.model
-    state = jax.tree_util.tree_map(_abstract, _state(model))
+    state = jax.tree_util.tree_map(_abstract, training_state(model))
 
     def spec(shape: tuple[int, ...], dtype: str) -> Any:
         return jax.ShapeDtypeStruct((batch_size, *shape), dtype)
@@ -156,12 +169,13 @@ def compile_train_step(setup: Setup, batch_size: int) -> XlaStep:
                             "platform: the JAX estimate needs it (a CPU or GPU backend).")
     peak = getattr(ma, "peak_memory_in_bytes", None)
     platform = jax.devices()[0].platform
+    on_gpu = platform in ("gpu", "cuda", "rocm")
     return XlaStep(batch_size=batch_size, arguments=int(ma.argument_size_in_bytes),
                    outputs=int(ma.output_size_in_bytes), aliased=int(ma.alias_size_in_bytes),
                    temporaries=int(ma.temp_size_in_bytes),
-                   code=int(ma.generated_code_size_in_bytes) if platform == "gpu" else 0,
+                   code=int(ma.generated_code_size_in_bytes) if on_gpu else 0,
                    xla_peak=int(peak) if peak else None,
-                   platform="gpu" if platform in ("gpu", "cuda", "rocm") else "cpu")
+                   platform="gpu" if on_gpu else "cpu"), compiled
 
 
 class XlaEstimator:
@@ -210,6 +224,7 @@ class XlaEstimator:
         self.slots = param_bytes(list(m.optimizer.variables))
         self.per_sample_input = batch_bytes(self.setup.inputs) + batch_bytes(self.setup.targets)
         self._steps: dict[int, XlaStep] = {}
+        self._programs: dict[int, Any] = {}
         self.baseline, self.baseline_source = framework_baseline(self.device)
         self.platform = self.step(1).platform
         self.band = XLA_BANDS[self.platform]
@@ -220,8 +235,17 @@ class XlaEstimator:
         """XLA's analysis of the step at ``batch_size`` (compiled once per size)."""
         if batch_size not in self._steps:
             with quieted(), filtered_stderr():
-                self._steps[batch_size] = compile_train_step(self.setup, batch_size)
+                self._steps[batch_size], program = compile_step(self.setup, batch_size)
+            self._programs[batch_size] = program
         return self._steps[batch_size]
+
+    def program(self, batch_size: int) -> Any:
+        """The compiled training step at ``batch_size`` whose memory :meth:`step`
+        analysed: ``program(state, (x, y, None))`` returns ``(logs, state)``; the state
+        (:func:`training_state`) is donated. Running it is running exactly what was
+        estimated (``benchmarks/gpu_check.py`` measures the device's peak so)."""
+        self.step(batch_size)
+        return self._programs[batch_size]
 
     def exact(self, batch_size: int) -> int:
         """Bytes known exactly: the state (weights, slots), the batch and the pipeline."""

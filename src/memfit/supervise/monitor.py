@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -20,6 +21,18 @@ from memfit.workdir import Workdir, default_workdir
 __all__ = ["MemoryMonitor"]
 
 _ON_LEAK = ("warn", "stop", "restart")
+_DEVICE_LEAK = (
+    "The device allocator's bytes in use grew epoch after epoch: the training keeps "
+    "references to device arrays (outputs, losses or metrics appended to a list, a "
+    "cache that only grows).",
+    "Keep no device arrays across steps: keep Python numbers or NumPy copies "
+    "(float(loss), np.asarray(x)), and clear what you append to.")
+_DEVICE_RETENTION = (
+    "The memory the device charges the process grew while the arrays in use did not: "
+    "JAX's allocator grows its pool when a step needs more and keeps it. This is "
+    "allocator retention on the device, not a leak.",
+    "Give the process a cap (memfit share hands JAX XLA_PYTHON_CLIENT_MEM_FRACTION), or "
+    "set XLA_PYTHON_CLIENT_ALLOCATOR=platform to allocate and free exactly (slower).")
 
 
 class MemoryMonitor(keras.callbacks.Callback):
@@ -187,10 +200,12 @@ class MemoryMonitor(keras.callbacks.Callback):
             self._act(epoch, first=previous != "leak")
 
     def _device_epoch(self, record: dict, epoch: int) -> None:
-        """The device's verdict, judged as the host's: what NVML charges the process is
-        the series; what the allocator keeps beyond its bytes in use plays the part of
-        what a trim gives back (growth there is allocator retention on the device, not a
-        leak). Without NVML, the bytes in use alone."""
+        """The device's verdict. The allocator's bytes in use are the buffers the
+        training references: growth there is a ``leak`` (or warm-up), judged as the host's
+        anonymous RSS is. What NVML charges the process adds what the allocator keeps
+        unused; where that grows while the bytes in use do not, it is
+        ``allocator-retention`` on the device (JAX's pool grows in doublings and never
+        shrinks), not a leak."""
         gpu = record.get("gpu")
         if not gpu:
             return
@@ -199,22 +214,28 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.device_held.append(int(record["nvml"]))
         if len(self.device_in_use) - self.warmup_epochs < MIN_VALUES:
             return
-        held = self.device_held if len(self.device_held) == len(self.device_in_use) else []
-        first = self.warmup_epochs
-
-        def kept_unused() -> int:
-            return max(0, (held[-1] - self.device_in_use[-1])
-                       - (held[first] - self.device_in_use[first]))
-
-        verdict = classify(held or self.device_in_use, warmup_epochs=self.warmup_epochs,
-                           trim_probe=kept_unused if held else None)
+        verdict = classify(self.device_in_use, warmup_epochs=self.warmup_epochs)
+        text = dict(verdict.to_record())
+        if verdict.kind == "leak":
+            text.update(headline=f"leak: the allocator's bytes in use {verdict.headline[6:]}",
+                        explanation=_DEVICE_LEAK[0], fix=_DEVICE_LEAK[1])
+        elif len(self.device_held) == len(self.device_in_use):
+            held = classify(self.device_held, warmup_epochs=self.warmup_epochs)
+            if held.kind in ("leak", "warm-up"):
+                verdict = dataclasses.replace(held, kind="allocator-retention")
+                text = dict(verdict.to_record(), headline=(
+                    f"allocator-retention: NVML's memory of the process "
+                    f"{format_size(held.growth, signed=True)} after warm-up while the "
+                    f"allocator's bytes in use stayed within "
+                    f"{format_size(max(self.device_in_use) - min(self.device_in_use))}"),
+                    explanation=_DEVICE_RETENTION[0], fix=_DEVICE_RETENTION[1])
         previous = self.device_verdict.kind if self.device_verdict else None
         self.device_verdict = verdict
         if verdict.kind != previous:
             assert self.log is not None
-            self.log.write(Event.VERDICT, epoch=epoch, scope="device", **verdict.to_record())
+            self.log.write(Event.VERDICT, epoch=epoch, scope="device", **text)
             if self.verbose:
-                print(f"\nmemfit: device memory: {verdict.headline}", file=sys.stderr)
+                print(f"\nmemfit: device memory: {text['headline']}", file=sys.stderr)
 
     def _judge(self, trim_probe: Any = None) -> Verdict:
         """The epoch ends' verdict; memory kept after del + gc.collect() that a trim gave
