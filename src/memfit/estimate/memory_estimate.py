@@ -149,7 +149,7 @@ class Estimate:
                      self.activations),
                     ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                     ("other XLA buffers (metrics, logs, code)", self.runtime),
-                    ("state counted beyond XLA's arguments", self.margin),
+                    ("beyond the step (state, compile-time peak)", self.margin),
                     (f"framework baseline ({self.baseline_source})", self.baseline)]
         return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
                 ("gradients (at peak)", self.gradients),

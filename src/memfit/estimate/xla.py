@@ -49,7 +49,7 @@ from memfit.quiet import filtered_stderr, quieted
 from memfit.sizes import format_size, parse_size
 
 __all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step", "compile_step",
-           "training_state"]
+           "training_state", "device_peak"]
 
 MAX_BATCH = 1 << 24
 
@@ -104,6 +104,18 @@ class XlaStep:
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "new_outputs": self.new_outputs,
                 "total": self.total}
+
+
+def device_peak() -> int | None:
+    """The device allocator's peak bytes in use in this process (JAX's first local
+    device's ``memory_stats()``), ``None`` where it keeps none (the CPU)."""
+    import jax
+
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:        # noqa: BLE001 - a backend without statistics
+        return None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
 def _abstract(value: Any) -> Any:
@@ -225,6 +237,7 @@ class XlaEstimator:
         self.per_sample_input = batch_bytes(self.setup.inputs) + batch_bytes(self.setup.targets)
         self._steps: dict[int, XlaStep] = {}
         self._programs: dict[int, Any] = {}
+        self._compile_peaks: dict[int, int] = {}
         self.baseline, self.baseline_source = framework_baseline(self.device)
         self.platform = self.step(1).platform
         self.band = XLA_BANDS[self.platform]
@@ -234,10 +247,23 @@ class XlaEstimator:
     def step(self, batch_size: int) -> XlaStep:
         """XLA's analysis of the step at ``batch_size`` (compiled once per size)."""
         if batch_size not in self._steps:
+            before = device_peak()
             with quieted(), filtered_stderr():
                 self._steps[batch_size], program = compile_step(self.setup, batch_size)
             self._programs[batch_size] = program
+            after = device_peak()
+            if after is not None and after > (before or 0):
+                self._compile_peaks[batch_size] = after
         return self._steps[batch_size]
+
+    def compile_peak(self, batch_size: int) -> int | None:
+        """On a GPU: the device allocator's peak in this process as the step for
+        ``batch_size`` was compiled, where compiling it raised the peak (the state is
+        allocated already; what compiling adds is the autotuner's scratch, which the
+        step's buffer assignment does not count); ``None`` elsewhere, or where an
+        earlier moment of this process peaked higher."""
+        self.step(batch_size)
+        return self._compile_peaks.get(batch_size)
 
     def program(self, batch_size: int) -> Any:
         """The compiled training step at ``batch_size`` whose memory :meth:`step`
@@ -254,9 +280,11 @@ class XlaEstimator:
     def model_bytes(self, batch_size: int) -> int:
         """The point: XLA's total for the step (:attr:`XlaStep.total`), the state
         counted from the model where XLA's arguments hold less (never below
-        :meth:`exact`), + the pipeline."""
+        :meth:`exact`), on a GPU at least the device's peak while compiling it
+        (:meth:`compile_peak`), + the pipeline."""
         s = self.step(batch_size)
-        return max(s.total, self.exact(batch_size) - self.pipeline) + self.pipeline
+        return max(s.total, self.exact(batch_size) - self.pipeline,
+                   self.compile_peak(batch_size) or 0) + self.pipeline
 
     def total(self, batch_size: int) -> int:
         return self.model_bytes(batch_size) + self.baseline
