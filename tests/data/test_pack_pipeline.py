@@ -12,9 +12,10 @@ import pytest
 
 import memfit
 from memfit.data.format.manifest import Feature
-from memfit.data.packing import pack_options, pack_shards
-from memfit.data.packing.pack_options import Committer, HashingWriter, WritePipe, gather
+from memfit.data.packing import pack_options, pack_shards, pack_writing
+from memfit.data.packing.pack_options import gather
 from memfit.data.packing.pack_shards import ShardWriter, encode_block, write_shard
+from memfit.data.packing.pack_writing import Committer, HashingWriter, WritePipe
 from memfit.data.sources.columns import ArraySource
 from memfit.data.sources.opening import open_source
 
@@ -95,7 +96,7 @@ def test_a_shard_framed_as_pieces_is_the_shard_framed_whole(tmp_path):
 @pytest.mark.parametrize("direct", [True, False])
 def test_direct_and_buffered_writers_write_the_same_bytes_and_sha256(tmp_path, direct,
                                                                      monkeypatch):
-    monkeypatch.setattr(pack_options, "STAGING_BYTES", 8192)   # many buffers, and a tail
+    monkeypatch.setattr(pack_writing, "STAGING_BYTES", 8192)   # many buffers, and a tail
     rng = np.random.default_rng(0)
     pieces = [rng.bytes(int(n)) for n in rng.integers(0, 30000, 40)] + [b"x"]
     w = HashingWriter(tmp_path / "f.bin", direct=direct)
@@ -131,8 +132,8 @@ def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path, m
             raise OSError(errno.EINVAL, "Invalid argument")
         return real(fd, data)
 
-    monkeypatch.setattr(pack_options, "STAGING_BYTES", 8192)
-    monkeypatch.setattr(pack_options.os, "write", write)
+    monkeypatch.setattr(pack_writing, "STAGING_BYTES", 8192)
+    monkeypatch.setattr(pack_writing.os, "write", write)
     w = HashingWriter(tmp_path / "f.bin")
     if not w._stages:
         pytest.skip("this file system refuses O_DIRECT at open")

@@ -8,7 +8,7 @@ Sources of known length (:func:`pack_shards`) are cut into shards ahead and writ
 ``workers`` processes (or threads, for arrays in memory), each shard under a temporary
 name renamed when complete; the state of the pack records every shard finished, so a
 rerun keeps the shards that still match their sha256. Each writer overlaps its stages
-(:class:`~memfit.data.packing.pack_options.WritePipe`): it gathers and frames the next
+(:class:`~memfit.data.packing.pack_writing.WritePipe`): it gathers and frames the next
 rows while a thread hashes and writes the records before them, and a second thread syncs
 and renames the finished shards. Iterables of unknown length
 (:func:`pack_stream`) go through a bounded shuffle buffer, their shards cut by size.
@@ -51,14 +51,13 @@ from memfit.data.format.records import (
 )
 from memfit.data.packing.pack_options import (
     CHUNK_BYTES,
-    HashingWriter,
     PackOptions,
-    WritePipe,
     gather,
     progress_bar,
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.pack_writing import HashingWriter, WritePipe
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
@@ -207,7 +206,7 @@ def write_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
                 ) -> tuple[Shard, int] | None:
     """Writes the samples ``indices`` of ``source`` as one shard, ``k`` a record (reading
     ~16 MiB of rows at a time, or the source's ``chunk_bytes`` if smaller, then releasing
-    their pages), its stages overlapped (:class:`~memfit.data.packing.pack_options.WritePipe`).
+    their pages), its stages overlapped (:class:`~memfit.data.packing.pack_writing.WritePipe`).
 
     Example:
         >>> import tempfile
