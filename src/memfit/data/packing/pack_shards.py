@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import signal
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -400,9 +401,23 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
                 file, count = futures[fut]
                 done.record(file, fut.result())
                 report(count)
-        except BaseException:
+        except BaseException as e:
             pool.shutdown(wait=True, cancel_futures=True)
+            if isinstance(e, cf.process.BrokenProcessPool):
+                raise DatasetError(_died(options.workers)) from None
             raise
+
+
+def _died(workers: int) -> str:
+    """What to say when a writer process died: each starts by importing the ``__main__``
+    script (spawn), so a script that packs without a ``__main__`` guard packs again there."""
+    said = f"A writer process of memfit.pack (workers={workers}) died"
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script and sys.modules["__main__"].__spec__ is None and \
+            "__main__" not in Path(script).read_text(errors="replace"):
+        return (f"{said}: each writer starts by importing {script!r}, which packs again there. "
+                f"Put the script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
+    return f"{said} (killed? out of memory?)."
 
 
 def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: PackOptions,
