@@ -182,6 +182,22 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
         'if __name__ == "__main__":' in last, run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("orphaned", [False, True])
+def test_a_writer_whose_pack_died_while_it_started_exits(orphaned):
+    """PR_SET_PDEATHSIG set after the pack was killed never fires: the writer checks its
+    parent itself, or it would write shards beside the rerun (faults_pack --workers 2)."""
+    import os
+    import subprocess
+    import sys
+
+    parent = os.getpid() + (1 if orphaned else 0)
+    code = ("from memfit.data.packing.pack_shards import _die_with_parent\n"
+            f"_die_with_parent({parent}); print('alive')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert (run.returncode, run.stdout.strip()) == ((1, "") if orphaned else (0, "alive"))
+
+
 def _ls(path):
     return sorted(p.name for p in path.iterdir()) if path.exists() else []
 

@@ -255,9 +255,10 @@ def _feed_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
     pipe.complete(writer, key, writer.finish, writer.seal)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """A writer process dies with the pack that started it (Linux): a killed pack must not
-    leave writers that go on renaming shards into place while it is rerun."""
+    leave writers that go on renaming shards into place while it is rerun. A pack killed
+    while the writer was still starting (before ``prctl``) is seen by its parent's pid."""
     try:
         import ctypes
 
@@ -265,6 +266,8 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:                  # orphaned already: the signal never comes
+        os._exit(1)
 
 
 def _process_job(paths: dict[str, str], variable: list[str], indices: np.ndarray, path: str,
@@ -382,7 +385,7 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
     if reopen:
         pool: cf.Executor = cf.ProcessPoolExecutor(
             options.workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_die_with_parent)
+            initializer=_die_with_parent, initargs=(os.getpid(),))
     else:
         pool = cf.ThreadPoolExecutor(options.workers)
     variable = [f.name for f in src.features.values() if f.variable]
