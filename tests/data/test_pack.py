@@ -164,6 +164,40 @@ def test_parallel_workers_write_the_same_bytes(tmp_path, workers_source):
            [s.sha256 for s in two.manifest.splits["train"].shards]
 
 
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """Each writer process starts by importing the script (spawn): without the guard it
+    packs again there and dies; the pack says so in one line, not BrokenProcessPool."""
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "x.npy", np.zeros((2000, 256), "float32"))
+    script = tmp_path / "noguard.py"
+    script.write_text("import memfit\n"
+                      "memfit.pack({'x': 'x.npy'}, 'out', shards=4, workers=2, progress=False)\n")
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode != 0
+    assert last.startswith("memfit.errors.DatasetError: A writer process") and \
+        'if __name__ == "__main__":' in last, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("orphaned", [False, True])
+def test_a_writer_whose_pack_died_while_it_started_exits(orphaned):
+    """PR_SET_PDEATHSIG set after the pack was killed never fires: the writer checks its
+    parent itself, or it would write shards beside the rerun (faults_pack --workers 2)."""
+    import os
+    import subprocess
+    import sys
+
+    parent = os.getpid() + (1 if orphaned else 0)
+    code = ("from memfit.data.packing.pack_shards import _die_with_parent\n"
+            f"_die_with_parent({parent}); print('alive')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert (run.returncode, run.stdout.strip()) == ((1, "") if orphaned else (0, "alive"))
+
+
 def _ls(path):
     return sorted(p.name for p in path.iterdir()) if path.exists() else []
 

@@ -7,7 +7,9 @@ Read in this order:
 - what can be packed is the room next door, :mod:`memfit.data.sources`.
 - :mod:`~memfit.data.packing.pack_options`: the options both packers share
   (:class:`~memfit.data.packing.pack_options.PackOptions`), the seeded split order,
-  files written under a temporary name with their sha256, the progress bar.
+  the rows gathered from a source, the progress bar; and
+  :mod:`~memfit.data.packing.pack_writing`: files written under a temporary name with
+  their sha256, written and committed (fsync, rename) in background threads.
 - the packers: :mod:`~memfit.data.packing.pack_shards` (TFRecord shards, the default)
   and :mod:`~memfit.data.packing.arrays_pack` (``format="arrays"``).
 - the output directory: :mod:`~memfit.data.packing.pack_output` (made ready, resumed,

@@ -33,14 +33,9 @@ import numpy as np
 from memfit._version import __version__
 from memfit.atomic import file_sha256
 from memfit.data.format.arrays_format import ArrayFile, ArraysManifest, ArraysSplit
-from memfit.data.packing.pack_options import (
-    CHUNK_BYTES,
-    HashingWriter,
-    PackOptions,
-    progress_bar,
-    split_order,
-)
+from memfit.data.packing.pack_options import CHUNK_BYTES, PackOptions, progress_bar, split_order
 from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.pack_writing import HashingWriter
 from memfit.data.sources.columns import ArraySource
 from memfit.errors import DatasetError
 

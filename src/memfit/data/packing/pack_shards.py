@@ -7,7 +7,10 @@ in blocks of ``samples_per_record`` per record, split into shards of about equal
 Sources of known length (:func:`pack_shards`) are cut into shards ahead and written by
 ``workers`` processes (or threads, for arrays in memory), each shard under a temporary
 name renamed when complete; the state of the pack records every shard finished, so a
-rerun keeps the shards that still match their sha256. Iterables of unknown length
+rerun keeps the shards that still match their sha256. Each writer overlaps its stages
+(:class:`~memfit.data.packing.pack_writing.WritePipe`): it gathers and frames the next
+rows while a thread hashes and writes the records before them, and a second thread syncs
+and renames the finished shards. Iterables of unknown length
 (:func:`pack_stream`) go through a bounded shuffle buffer, their shards cut by size.
 
 Example:
@@ -26,8 +29,10 @@ import math
 import multiprocessing
 import os
 import signal
+import struct
+import sys
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,26 +41,39 @@ import numpy as np
 from memfit._version import __version__
 from memfit.atomic import TMP_MARK, file_sha256, temporary_name
 from memfit.data.format.manifest import Feature, Manifest, Shard, Split, shard_name
-from memfit.data.format.records import LENGTHS_SUFFIX, encode_example, frame
+from memfit.data.format.records import (
+    LENGTHS_SUFFIX,
+    crc32c_spans,
+    encode_example,
+    example_layout,
+    frame,
+    frame_header,
+    mask_crc,
+)
 from memfit.data.packing.pack_options import (
     CHUNK_BYTES,
-    HashingWriter,
     PackOptions,
+    gather,
     progress_bar,
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.pack_writing import HashingWriter, WritePipe
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
 
-__all__ = ["ShardWriter", "encode_block", "write_shard", "pack_shards", "pack_stream"]
+__all__ = ["ShardWriter", "encode_block", "write_shard", "pack_shards",
+           "pack_stream"]
 
 _TARGET_RECORD_BYTES = 256 * 1024
 _MAX_SHARD_BYTES = 256 * 2**20
 # Enough shards that the reader can interleave a different group of them every epoch.
 _MIN_SHARDS = 64
 _STREAM_SHARD_BYTES = 64 * 2**20
+# Rows gathered at once by a pipelined writer: one piece being gathered, one waiting, one
+# being written (about 48 MiB in flight).
+_PIPE_CHUNK_BYTES = 16 * 2**20
 
 
 def _default_samples_per_record(sample_bytes: float) -> int:
@@ -74,27 +92,44 @@ class ShardWriter(HashingWriter):
         self._zlib = zlib.compressobj() if compression == "ZLIB" else None
 
     def add(self, payload: bytes, samples: int, raw_bytes: int) -> None:
-        record = frame(payload)
+        """Appends one record (``payload`` is framed here)."""
+        self.add_frame([frame(payload)], samples, raw_bytes)
+
+    def add_frame(self, pieces: Sequence[Any], samples: int, raw_bytes: int) -> None:
+        """Appends one framed record given as pieces (bytes or buffers) that make it up in
+        order; uncompressed, each piece is hashed and written as it is (no copy)."""
         if self._gzip is not None:
-            self._gzip.write(record)
+            self._gzip.write(b"".join(pieces))
         elif self._zlib is not None:
-            self.write(self._zlib.compress(record))
+            self.write(self._zlib.compress(b"".join(pieces)))
         else:
-            self.write(record)
+            for piece in pieces:
+                self.write(piece)
         self.records += 1
         self.samples += samples
         self.raw_bytes += raw_bytes
 
-    def close(self) -> tuple[Shard, int]:
-        """Finishes the shard and renames it into place: ``(its Shard, decoded bytes)``."""
+    def finish(self) -> None:
+        """Writes what a compressor still holds: every byte of the shard is written."""
         if self._gzip is not None:
             self._gzip.close()
+            self._gzip = None
         if self._zlib is not None:
             self.write(self._zlib.flush())
+            self._zlib = None
+
+    def seal(self) -> tuple[Shard, int]:
+        """Syncs the finished shard and renames it into place: ``(its Shard, decoded
+        bytes)``."""
         sha256 = self.commit()
         shard = Shard(file=self.path.name, samples=self.samples, records=self.records,
                       bytes=self.bytes, sha256=sha256)
         return shard, self.raw_bytes
+
+    def close(self) -> tuple[Shard, int]:
+        """Finishes the shard and renames it into place: ``(its Shard, decoded bytes)``."""
+        self.finish()
+        return self.seal()
 
 
 def encode_block(block: Mapping[str, Any], features: Mapping[str, Feature]) -> tuple[bytes, int]:
@@ -114,35 +149,116 @@ def encode_block(block: Mapping[str, Any], features: Mapping[str, Feature]) -> t
     return encode_example(raw, lengths), size
 
 
+def _records(rows: Mapping[str, Any], features: Mapping[str, Feature], k: int,
+             layouts: dict[int, tuple[list, np.ndarray, int]]) -> list:
+    """Gathered rows as framed records of ``k`` samples, each a list of pieces: the frame
+    header, the ``tf.train.Example``'s tags and lengths, views of the rows' bytes (no
+    copy), the CRC32C of the data (one call for all records). Byte for byte
+    ``frame(encode_block(...)[0])``; a source with variable features goes that way.
+
+    Returns:
+        ``[(pieces, samples, decoded bytes)]``; the pieces refer to ``rows``' memory.
+    """
+    n = len(next(iter(rows.values())))
+    if any(f.variable for f in features.values()):
+        out = []
+        for a in range(0, n, k):
+            payload, raw = encode_block({name: col[a:a + k] for name, col in rows.items()},
+                                        features)
+            out.append(([frame(payload)], min(k, n - a), raw))
+        return out
+    cols = {name: np.ascontiguousarray(rows[name], dtype=np.dtype(f.dtype).newbyteorder("<"))
+            for name, f in features.items()}
+    row_bytes = {name: col.nbytes // max(n, 1) for name, col in cols.items()}
+    views = {name: memoryview(col).cast("B") for name, col in cols.items()}
+    sample = sum(row_bytes.values())
+    addresses, spans, records = [], [], []
+    for a in range(0, n, k):
+        m = min(k, n - a)
+        if m not in layouts:
+            layout = example_layout({name: m * b for name, b in row_bytes.items()})
+            fixed = np.array([np.frombuffer(p, np.uint8).ctypes.data if isinstance(p, bytes)
+                              else 0 for p in layout], np.uint64)
+            layouts[m] = (layout, fixed, sum(p[1] if isinstance(p, tuple) else len(p)
+                                             for p in layout))
+        layout, fixed, length = layouts[m]
+        first = len(addresses)
+        pieces: list[Any] = [frame_header(length)]
+        for p, address in zip(layout, fixed.tolist(), strict=True):
+            if isinstance(p, tuple):
+                name, size = p
+                start = a * row_bytes[name]
+                pieces.append(views[name][start:start + size])
+                addresses.append((cols[name].ctypes.data + start, size))
+            else:
+                pieces.append(p)
+                addresses.append((address, len(p)))
+        spans.append((first, len(addresses)))
+        records.append((pieces, m, m * sample))
+    crcs = crc32c_spans(np.array(addresses, np.uint64), np.array(spans, np.int64))
+    for (pieces, _, _), crc in zip(records, crcs.tolist(), strict=True):
+        pieces.append(struct.pack("<I", mask_crc(crc)))
+    return records
+
+
 def write_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
-                compression: str | None,
-                report: Callable[[int], None] | None = None) -> tuple[Shard, int]:
+                compression: str | None, report: Callable[[int], None] | None = None, *,
+                pipe: WritePipe | None = None, key: Hashable = None
+                ) -> tuple[Shard, int] | None:
     """Writes the samples ``indices`` of ``source`` as one shard, ``k`` a record (reading
-    ~32 MiB of rows at a time, or the source's ``chunk_bytes``, then releasing their
-    pages)."""
+    ~16 MiB of rows at a time, or the source's ``chunk_bytes`` if smaller, then releasing
+    their pages), its stages overlapped (:class:`~memfit.data.packing.pack_writing.WritePipe`).
+
+    Example:
+        >>> import tempfile
+        >>> from memfit.data.sources.columns import ArraySource
+        >>> src = ArraySource({"x": np.arange(6.0)})
+        >>> done = []
+        >>> with WritePipe(done.extend) as pipe:
+        ...     write_shard(src, np.arange(6), Path(tempfile.mkdtemp()) / "s.tfrecord", 2,
+        ...                 None, pipe=pipe, key="s")
+        >>> done[0][0], done[0][1][0].records
+        ('s', 3)
+
+    Args:
+        report: called with the samples of each piece of rows gathered.
+        pipe: hand the shard to this pipe and return once every record is handed over
+            (the pipe commits it as ``key``; returns ``None``); without one, returns
+            ``(its Shard, decoded bytes)`` once the shard is in place.
+    """
+    if pipe is None:
+        done: list[tuple[Hashable, Any]] = []
+        with WritePipe(done.extend) as own:
+            _feed_shard(source, indices, path, k, compression, report, own, key)
+        return done[0][1]
+    _feed_shard(source, indices, path, k, compression, report, pipe, key)
+    return None
+
+
+def _feed_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
+                compression: str | None, report: Callable[[int], None] | None,
+                pipe: WritePipe, key: Hashable) -> None:
     fixed = sum(f.sample_bytes or 64 for f in source.features.values())
-    chunk = max(k, (getattr(source, "chunk_bytes", CHUNK_BYTES) // max(fixed, 1)) // k * k)
+    chunk_bytes = min(getattr(source, "chunk_bytes", CHUNK_BYTES), _PIPE_CHUNK_BYTES)
+    chunk = max(k, (chunk_bytes // max(fixed, 1)) // k * k)
     writer = ShardWriter(path, compression)
-    try:
-        for start in range(0, len(indices), chunk):
-            rows = source.take(indices[start:start + chunk])
-            n = len(indices[start:start + chunk])
-            for a in range(0, n, k):
-                block = {name: col[a:a + k] for name, col in rows.items()}
-                payload, raw_bytes = encode_block(block, source.features)
-                writer.add(payload, min(k, n - a), raw_bytes)
-            source.release_pages()
-            if report is not None:
-                report(n)
-        return writer.close()
-    except BaseException:
-        writer.abandon()
-        raise
+    pipe.adopt(writer)
+    layouts: dict[int, tuple[list, np.ndarray, int]] = {}
+    for start in range(0, len(indices), chunk):
+        rows = gather(source, indices[start:start + chunk])
+        n = len(indices[start:start + chunk])
+        records = _records(rows, source.features, k, layouts)
+        source.release_pages()
+        pipe.put(lambda records=records: [writer.add_frame(*r) for r in records])
+        if report is not None:
+            report(n)
+    pipe.complete(writer, key, writer.finish, writer.seal)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """A writer process dies with the pack that started it (Linux): a killed pack must not
-    leave writers that go on renaming shards into place while it is rerun."""
+    leave writers that go on renaming shards into place while it is rerun. A pack killed
+    while the writer was still starting (before ``prctl``) is seen by its parent's pid."""
     try:
         import ctypes
 
@@ -150,6 +266,8 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:                  # orphaned already: the signal never comes
+        os._exit(1)
 
 
 def _process_job(paths: dict[str, str], variable: list[str], indices: np.ndarray, path: str,
@@ -245,7 +363,12 @@ class _Finished:
         self.kept = len(self.shards)
 
     def record(self, file: str, result: tuple[Shard, int]) -> None:
-        self.shards[file] = result
+        self.record_batch([(file, result)])
+
+    def record_batch(self, results: list[tuple[Any, tuple[Shard, int]]]) -> None:
+        """Records shards finished (in their state file, once for all of them)."""
+        for file, result in results:
+            self.shards[file] = result
         save_state(self.out, {
             "fingerprint": self.fingerprint,
             "shards": {f: {"shard": dataclasses.asdict(s), "raw_bytes": r}
@@ -262,7 +385,7 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
     if reopen:
         pool: cf.Executor = cf.ProcessPoolExecutor(
             options.workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_die_with_parent)
+            initializer=_die_with_parent, initargs=(os.getpid(),))
     else:
         pool = cf.ThreadPoolExecutor(options.workers)
     variable = [f.name for f in src.features.values() if f.variable]
@@ -281,9 +404,23 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
                 file, count = futures[fut]
                 done.record(file, fut.result())
                 report(count)
-        except BaseException:
+        except BaseException as e:
             pool.shutdown(wait=True, cancel_futures=True)
+            if isinstance(e, cf.process.BrokenProcessPool):
+                raise DatasetError(_died(options.workers)) from None
             raise
+
+
+def _died(workers: int) -> str:
+    """What to say when a writer process died: each starts by importing the ``__main__``
+    script (spawn), so a script that packs without a ``__main__`` guard packs again there."""
+    said = f"A writer process of memfit.pack (workers={workers}) died"
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script and sys.modules["__main__"].__spec__ is None and \
+            "__main__" not in Path(script).read_text(errors="replace"):
+        return (f"{said}: each writer starts by importing {script!r}, which packs again there. "
+                f"Put the script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
+    return f"{said} (killed? out of memory?)."
 
 
 def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: PackOptions,
@@ -310,10 +447,11 @@ def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
     bar.update(src.length - sum(len(job.indices) for job in todo))
     try:
         if options.workers == 1 or len(todo) <= 1:
-            for job in todo:
-                file = job.file(compression)
-                done.record(file, write_shard(src, job.indices, out / file, k, compression,
-                                              bar.update))
+            with WritePipe(done.record_batch) as pipe:
+                for job in todo:
+                    file = job.file(compression)
+                    write_shard(src, job.indices, out / file, k, compression, bar.update,
+                                pipe=pipe, key=file)
         else:
             _write_in_parallel(src, out, todo, k, options, done, bar.update)
     finally:

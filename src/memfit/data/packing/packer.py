@@ -170,7 +170,8 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         shuffle: write samples in a seeded global shuffle order (iterables: through a
             ``shuffle_buffer`` of that many bytes).
         workers: processes writing shards in parallel (``.npy``/CSV sources; in-memory
-            arrays use threads).
+            arrays use threads). Each process starts by importing the ``__main__``
+            script: call ``pack`` from a script under ``if __name__ == "__main__":``.
         overwrite: replace a dataset already in ``output``.
         progress: show a progress bar on stderr.
         shuffle_buffer: the byte budget of the shuffle buffer for iterable sources.
