@@ -436,17 +436,17 @@ def _estimate(st: _State, device: str) -> dict | None:
     batch = fit.get("batch_size")
     if st.model is None or not batch:
         return None
-    from memfit.estimate.estimator import Estimator
+    from memfit.estimate.estimator import estimator_for
     from memfit.estimate.model import EstimateError
 
     try:
         try:
-            est = Estimator(st.model, device=device)
+            est = estimator_for(st.model, device=device)
         except EstimateError:
             shape = fit.get("input_shape")
             if not shape:
                 raise
-            est = Estimator(st.model, device=device, input_shape=tuple(shape))
+            est = estimator_for(st.model, device=device, input_shape=tuple(shape))
         e = est.at(int(batch))
     except Exception as exc:        # noqa: BLE001 - the estimate is a bonus; say why not
         return {"error": f"{type(exc).__name__}: {exc}", "batch_size": batch}

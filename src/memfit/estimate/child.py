@@ -61,7 +61,13 @@ def _jax_baseline(device: str, before_import: Any) -> dict:
     import jax
     import keras
 
-    (jax.numpy.ones(8) + 1.0).block_until_ready()
+    # A matmul and a convolution, so that the libraries every training loads (cuBLAS,
+    # cuDNN on a GPU) are in: the H200 run charged a training ~250 MiB more than a
+    # baseline taken after one addition (docs/gpu.md).
+    a = jax.numpy.ones((64, 64))
+    (a @ a + 1.0).block_until_ready()
+    jax.lax.conv(jax.numpy.ones((1, 1, 8, 8)), jax.numpy.ones((1, 1, 3, 3)),
+                 (1, 1), "SAME").block_until_ready()
     s = sample()
     out = {"baseline_anon": s.anon_or_total, "baseline_rss": s.rss,
            "interpreter_anon": before_import.anon_or_total, "device": device,
