@@ -38,6 +38,7 @@ from typing import Any
 
 from memfit.env import GPU_MEMORY_GROWTH_ENV, GPU_MEMORY_LIMIT_ENV
 from memfit.errors import MemfitError
+from memfit.frameworks import keras_backend
 from memfit.sizes import format_size, parse_size
 
 __all__ = ["configure_device", "DeviceConfig", "DeviceConfigError", "device_settings",
@@ -186,6 +187,77 @@ def device_env(memory_limit: int | None = None, growth: bool | None = None, *,
     return env
 
 
+def _jax_started() -> bool:
+    """Whether JAX has started its backends (its allocator settings are fixed then)."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:        # noqa: BLE001 - another JAX: assume started, the safe side
+        return True
+
+
+def _configure_jax(limit: int | None, grow: bool | None, source: str) -> DeviceConfig:
+    """On Keras's JAX backend: JAX takes its cap from its own variables, read when it
+    starts its GPU backend: no preallocation (growth, or any cap) and the cap as a share
+    of the card (``XLA_PYTHON_CLIENT_MEM_FRACTION``, which ``memfit share`` hands its
+    jobs, computed from the card it sees)."""
+    fraction = os.environ.get(XLA_MEM_FRACTION_ENV)
+    if limit is not None and fraction is None:
+        raise DeviceConfigError(
+            f"configure_device on Keras's JAX backend cannot turn a cap of "
+            f"{format_size(limit)} into the share of the card JAX takes: set "
+            f"{XLA_MEM_FRACTION_ENV} (a fraction of the card, such as 0.25) and "
+            f"{XLA_PREALLOCATE_ENV}=false before JAX starts (memfit share sets both for its "
+            f"jobs). Received: memory_limit={limit}")
+    wanted = {XLA_PREALLOCATE_ENV: "false"} if limit is not None or grow else {}
+    if _jax_started():
+        if any(os.environ.get(k) != v for k, v in wanted.items()):
+            raise DeviceConfigError(
+                f"configure_device came too late: JAX has already started its backend and "
+                f"reads {XLA_PREALLOCATE_ENV} only then. Call memfit.configure_device() at "
+                f"the top of the script, before any JAX array or Keras model.")
+        applied = False
+    else:
+        os.environ.update(wanted)
+        applied = bool(wanted)
+    what = (f"a cap of {format_size(limit)} ({XLA_MEM_FRACTION_ENV}={fraction})"
+            if limit is not None else f"memory growth {'on' if grow else 'off'}")
+    message = (f"configure_device: {what} on Keras's JAX backend, {XLA_PREALLOCATE_ENV}="
+               f"{os.environ.get(XLA_PREALLOCATE_ENV, 'true (JAX default)')} (from the "
+               f"{source})")
+    log.info(message)
+    return DeviceConfig(limit, grow, source, ("jax",), applied, message)
+
+
+def _configure_torch(limit: int | None, grow: bool | None, source: str) -> DeviceConfig:
+    """On Keras's PyTorch backend: the cap as PyTorch's per-process memory fraction of
+    each visible GPU (PyTorch allocates as needed: growth is its default)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        message = ("configure_device: no GPU is visible to PyTorch, so nothing is "
+                   "configured on the CPU (CPU memory is enforced from outside: memfit share "
+                   "watches each job's RSS)")
+        log.info(message)
+        return DeviceConfig(limit, grow, source, (), False, message)
+    names = []
+    for i in range(torch.cuda.device_count()):
+        if limit is not None:
+            total = torch.cuda.get_device_properties(i).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), i)
+        names.append(f"cuda:{i}")
+    wanted = (f"a cap of {format_size(limit)}" if limit is not None else
+              "memory growth (PyTorch's default)")
+    message = f"configure_device: {wanted} on {', '.join(names)} (PyTorch, from the {source})"
+    log.info(message)
+    return DeviceConfig(limit, grow, source, tuple(names), limit is not None, message)
+
+
 def _tensorflow() -> Any:
     """TensorFlow (imported here: ``import memfit`` never imports it)."""
     import tensorflow as tf
@@ -212,6 +284,12 @@ def _current(tf: Any, gpu: Any) -> tuple[int | None, bool | None]:
 def configure_device(memory_limit: str | int | None = None,
                      growth: bool | None = None) -> DeviceConfig:
     """Caps this process's TensorFlow GPU memory, or turns on memory growth.
+
+    On Keras's other backends it hands the cap over in the form that framework obeys: on
+    JAX no preallocation, the cap being the share of the card in
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (``memfit share`` sets it); on PyTorch
+    ``torch.cuda.set_per_process_memory_fraction``. TensorFlow is needed only on its own
+    backend.
 
     Call it at the top of the training script, before any TensorFlow op, model or
     dataset: TensorFlow fixes its GPU configuration when it first uses the GPU. Without
@@ -257,6 +335,11 @@ def configure_device(memory_limit: str | int | None = None,
                         "($%s); the arguments ask for %s: the job may be stopped for going "
                         "over its share", format_size(share_limit), GPU_MEMORY_LIMIT_ENV,
                         "no cap" if limit is None else format_size(limit))
+    backend = keras_backend()
+    if backend == "jax":
+        return _configure_jax(limit, grow, source)
+    if backend == "torch":
+        return _configure_torch(limit, grow, source)
     tf = _tensorflow()
     gpus = list(tf.config.list_physical_devices("GPU"))     # does not initialise the GPU
     wanted = ("a cap of " + format_size(limit // _MIB * _MIB)) if limit is not None else \

@@ -234,3 +234,58 @@ def test_a_gpu_job_gets_its_cap_in_the_form_jax_obeys(monkeypatch, tmp_path):
     assert mine[XLA_MEM_FRACTION_ENV] == "0.5"
     cpu = launch.job_environment(job(2**30), "cpu", files)
     assert XLA_PREALLOCATE_ENV not in cpu and XLA_MEM_FRACTION_ENV not in cpu
+
+
+# -- Keras's other backends: the cap in the form JAX or PyTorch obeys --------------------
+
+def test_on_jax_the_share_s_fraction_is_kept_and_preallocation_turned_off(monkeypatch):
+    import memfit.device as device
+
+    monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setattr(device, "_jax_started", lambda: False)
+    monkeypatch.setenv("MEMFIT_GPU_MEMORY_LIMIT", "4GiB")
+    monkeypatch.setenv(device.XLA_MEM_FRACTION_ENV, "0.0285")
+    monkeypatch.delenv(device.XLA_PREALLOCATE_ENV, raising=False)
+    config = configure_device()
+    assert config.applied and config.memory_limit == 4 * 2**30
+    import os
+
+    assert os.environ[device.XLA_PREALLOCATE_ENV] == "false"
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.0285" in config.message
+
+
+def test_on_jax_a_cap_without_the_share_of_the_card_is_one_clear_error(monkeypatch):
+    import memfit.device as device
+
+    monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.delenv(device.XLA_MEM_FRACTION_ENV, raising=False)
+    with pytest.raises(DeviceConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION.*Received: "
+                                                "memory_limit=2147483648"):
+        configure_device(memory_limit="2GiB")
+
+
+def test_on_jax_after_it_started_a_change_is_too_late(monkeypatch):
+    import memfit.device as device
+
+    monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setattr(device, "_jax_started", lambda: True)
+    monkeypatch.delenv(device.XLA_PREALLOCATE_ENV, raising=False)
+    with pytest.raises(DeviceConfigError, match="too late"):
+        configure_device(growth=True)
+    monkeypatch.setenv(device.XLA_PREALLOCATE_ENV, "false")     # already so: fine
+    assert not configure_device(growth=True).applied
+
+
+def test_on_pytorch_the_cap_is_its_per_process_fraction(monkeypatch):
+    import memfit.device as device
+
+    calls = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 2,
+        get_device_properties=lambda i: types.SimpleNamespace(total_memory=16 * 2**30),
+        set_per_process_memory_fraction=lambda f, i: calls.append((f, i)))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(device, "keras_backend", lambda: "torch")
+    config = configure_device(memory_limit="4GiB")
+    assert calls == [(0.25, 0), (0.25, 1)]
+    assert config.applied and config.gpus == ("cuda:0", "cuda:1")
