@@ -28,8 +28,13 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-__all__ = ["BANDS", "FITS", "DOES_NOT_FIT", "UNCERTAIN", "verdict", "banded"]
+__all__ = ["BANDS", "FITS", "DOES_NOT_FIT", "UNCERTAIN", "verdict", "banded",
+           "largest_batch", "MAX_BATCH"]
+
+#: The largest batch size an estimate answers.
+MAX_BATCH = 1 << 24
 
 FITS = "fits"
 DOES_NOT_FIT = "does not fit"
@@ -97,3 +102,35 @@ def verdict(*, low: int, high: int, budget: int) -> str:
     if low > budget:
         return DOES_NOT_FIT
     return UNCERTAIN
+
+
+def largest_batch(high: Callable[[int], int], budget: int) -> int:
+    """The largest batch size ``b`` with ``high(b) <= budget`` (0 when not even 1 fits, at
+    most :data:`MAX_BATCH`), by doubling and bisection: exact where ``high`` never falls
+    as the batch grows (the TensorFlow estimator holds it so; XLA's temporaries grow with
+    the batch).
+
+    Example:
+        >>> largest_batch(lambda b: 100 + 10 * b, 1000)
+        90
+        >>> largest_batch(lambda b: 100 + 10 * b, 50)
+        0
+
+    Args:
+        high: the high end of the estimate at a batch size, bytes.
+        budget: bytes.
+    """
+    if high(1) > budget:
+        return 0
+    lo, hi = 1, 2
+    while hi < MAX_BATCH and high(hi) <= budget:
+        lo, hi = hi, hi * 2
+    if hi >= MAX_BATCH and high(MAX_BATCH) <= budget:
+        return MAX_BATCH
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if high(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo

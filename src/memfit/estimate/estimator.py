@@ -50,7 +50,7 @@ import dataclasses
 from typing import Any
 
 from memfit.estimate.advice import advice
-from memfit.estimate.band import BANDS, banded
+from memfit.estimate.band import BANDS, banded, largest_batch
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.estimate.fitted import FITTED, predict_from_features, resident_tensors
 from memfit.estimate.graph import StepGraph, trace
@@ -68,7 +68,6 @@ from memfit.sizes import parse_size
 
 __all__ = ["Estimate", "Estimator", "estimate", "estimator_for"]
 
-MAX_BATCH = 1 << 24
 
 
 def _check_backend() -> None:
@@ -260,21 +259,7 @@ class Estimator:
         """The largest batch size whose high end (:meth:`high`) fits ``budget`` (0 when
         not even 1 does). The high end never falls as the batch grows, so every smaller
         batch fits too and the next one does not."""
-        budget = parse_size(budget, name="budget")
-        if self.high(1) > budget:
-            return 0
-        lo, hi = 1, 2
-        while hi < MAX_BATCH and self.high(hi) <= budget:
-            lo, hi = hi, hi * 2
-        if hi >= MAX_BATCH and self.high(MAX_BATCH) <= budget:
-            return MAX_BATCH
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.high(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_batch(self.high, parse_size(budget, name="budget"))
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memfit.estimate.band import largest_batch
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.estimate.layers import param_bytes, param_count
 from memfit.estimate.memory_estimate import Estimate
@@ -50,8 +51,6 @@ from memfit.sizes import format_size, parse_size
 
 __all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step", "compile_step",
            "training_state", "device_peak"]
-
-MAX_BATCH = 1 << 24
 
 #: The range around the point, per platform: the point's part that is not exact (the
 #: temporaries and new outputs) times ``low``/``high``. On a GPU the buffer assignment is
@@ -301,23 +300,10 @@ class XlaEstimator:
         return self._banded(batch_size, self.band["high"])
 
     def max_batch_size(self, budget: int | str) -> int:
-        """The largest batch size whose high end fits ``budget`` (0: not even 1 does).
-        XLA's assignment can change shape between batch sizes, so the answer found by
-        doubling and bisection is checked once more at the end and lowered where a
-        smaller batch would not fit."""
-        budget = parse_size(budget, name="budget")
-        if self.high(1) > budget:
-            return 0
-        lo, hi = 1, 2
-        while hi < MAX_BATCH and self.high(hi) <= budget:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.high(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        """The largest batch size whose high end fits ``budget`` (0: not even 1 does), by
+        doubling and bisection (:func:`~memfit.estimate.band.largest_batch`): one compile
+        of the step per batch size tried, about twice log2 of the answer."""
+        return largest_batch(self.high, parse_size(budget, name="budget"))
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
