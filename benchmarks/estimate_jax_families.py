@@ -89,28 +89,17 @@ def predict_model(name: str, shape, batches: list[int]) -> dict[int, dict]:
 
 
 def program_size(name: str, shape, batch: int) -> dict:
-    """The size of the compiled training step at ``batch``: StableHLO ops after lowering,
-    HLO instructions after XLA's optimisation (the compiler's work: what its transient
-    host memory follows)."""
-    import jax
+    """The size of the compiled training step at ``batch``: HLO instructions after XLA's
+    optimisation (the compiler's work: what its transient host memory follows), as the
+    estimator counts them (:attr:`memfit.estimate.xla.XlaStep.instructions`)."""
     import keras
 
-    from memfit.estimate.training import prepare
-    from memfit.estimate.xla import _abstract, _state
+    from memfit.estimate.xla import XlaEstimator
 
     keras.backend.clear_session()
-    setup = prepare(f"{MODELS}:{name}", optimizer="adam", dtype_policy="float32",
-                    input_shape=shape)
-    model = setup.model
-    model.optimizer.build(model.trainable_variables)
-    state = jax.tree_util.tree_map(_abstract, _state(model))
-    xs = [jax.ShapeDtypeStruct((batch, *s), d) for s, d in setup.inputs]
-    ys = [jax.ShapeDtypeStruct((batch, *s), d) for s, d in setup.targets]
-    data = (xs[0] if len(xs) == 1 else xs, ys[0] if len(ys) == 1 else ys, None)
-    lowered = jax.jit(model.train_step, donate_argnums=0).lower(state, data)
-    stablehlo = sum(" = " in line for line in lowered.as_text().splitlines())
-    hlo = sum(" = " in line for line in lowered.compile().as_text().splitlines())
-    return {"stablehlo_ops": stablehlo, "hlo_instructions": hlo}
+    est = XlaEstimator(f"{MODELS}:{name}", optimizer="adam", dtype_policy="float32",
+                       input_shape=shape, device="cpu")
+    return {"hlo_instructions": est.step(batch).instructions}
 
 
 def add_program_sizes(cache: dict, path: Path) -> None:

@@ -149,7 +149,8 @@ class Estimate:
                      self.activations),
                     ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                     ("other XLA buffers (metrics, logs, code)", self.runtime),
-                    ("beyond the step (state, compile-time peak)", self.margin),
+                    ("compiler and runtime (fitted)" if self.kernels == "xla-cpu" else
+                     "peak while compiling, beyond the step", self.margin),
                     (f"framework baseline ({self.baseline_source})", self.baseline)]
         return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
                 ("gradients (at peak)", self.gradients),
@@ -182,13 +183,14 @@ class Estimate:
                  *([] if self.kernels.startswith("xla") else
                    [f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}"]),
                  f"kernels: {_KERNELS_TEXT[self.kernels]}", ""]
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows if self.layers else []):   # XLA's has no layer table
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
             cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
             lines.append("  ".join(cells))
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
-        lines.append("")
+        if self.layers:
+            lines.append("")
         lines.append(f"params: {self.params_trainable:,} trainable, "
                      f"{self.params_non_trainable:,} non-trainable")
         width = max(len(n) for n, _ in self.components())
@@ -228,8 +230,9 @@ _KERNELS_TEXT = {
 _KERNELS_TEXT.update({
     "xla-gpu": "XLA's, on the GPU (Keras on JAX: the step is one compiled program; its "
                "buffer assignment is what the device's allocator hands out)",
-    "xla-cpu": "XLA's, on the CPU (Keras on JAX: the step's buffers from XLA, the runtime "
-               "and compiler memory from the calibrated baseline)",
+    "xla-cpu": "XLA's, on the CPU (Keras on JAX: the step's buffers from XLA's buffer "
+               "assignment, the compiler's and runtime's host memory fitted on the family "
+               "panel)",
 })
 _POLICY_TEXT = {
     "fixed": "fixed (glibc mmap threshold 128 KiB: start the training with "
