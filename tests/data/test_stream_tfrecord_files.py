@@ -43,7 +43,7 @@ def test_in_place_gives_the_packs_samples_typed_and_shaped(tmp_path, compression
     assert batches[0][1].dtype == np.float32 and batches[0][1].shape == (32, 2)
     memfit.pack(tfrecord=str(tmp_path / "path*.tfrecords"), output=tmp_path / "packed")
     packed, _ = _rows(memfit.dataset(tmp_path / "packed", 32, features=("data", "label")))
-    assert rows == packed == sorted((a.tobytes(), b.tobytes()) for a, b in zip(x, y))
+    assert rows == packed == sorted((a.tobytes(), b.tobytes()) for a, b in zip(x, y, strict=True))
     again, second = _rows(ds)                   # the next epoch: same samples, new order
     assert again == rows and not np.array_equal(second[0][0], batches[0][0])
 

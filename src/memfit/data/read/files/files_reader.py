@@ -56,6 +56,7 @@ from memfit.sizes import parse_size
 __all__ = ["stream_files"]
 
 _GRAPH_SEED = 0x6D656D66          # "memf": the epoch function's graph-level seed
+_CHUNK = 64                       # records read and counted at a time
 
 
 def _raw_dtype(name: str) -> tf.DType:
@@ -88,19 +89,21 @@ class _Steps:
         quietly at a damaged record under ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
         raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
-                                      buffer_size=READ_BUFFER).ignore_errors()
-        end = tf.data.Dataset.from_tensors((tf.constant(b""), True))
+                                      buffer_size=READ_BUFFER).ignore_errors().batch(_CHUNK)
+        end = tf.data.Dataset.from_tensors((tf.constant([], tf.string), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
 
         def count(n: tf.Tensor, item: tuple) -> tuple:
-            record, is_end = item
+            chunk, is_end = item
             ok = tf.logical_or(tf.logical_not(is_end), tf.equal(n, records))
             with tf.control_dependencies([self._check_count(ok, file, n, records)]):
-                return n + 1, (i, n, record, is_end)
+                k = tf.size(chunk, out_type=tf.int64)
+                return n + k, (tf.fill([k], i), n + tf.range(k), chunk, is_end)
 
+        # Checked a chunk of records at a time: a step per record costs more than reading.
         return (marked.scan(tf.constant(0, tf.int64), count)
                 .filter(lambda i, n, r, is_end: tf.logical_not(is_end))
-                .map(lambda i, n, r, is_end: (i, n, r)))
+                .map(lambda i, n, r, is_end: (i, n, r)).unbatch())
 
     def _check_count(self, ok: tf.Tensor, file: tf.Tensor, n: tf.Tensor,
                      records: tf.Tensor) -> tf.Tensor:
