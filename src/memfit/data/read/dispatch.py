@@ -57,8 +57,9 @@ from memfit.data.read.arguments import check_arguments, check_features, check_se
 from memfit.data.read.blocks.block_layout import why_not
 from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
+from memfit.data.read.files.tfrecord_files import is_tfrecord_files
 from memfit.data.read.plan import DatasetPlan, settle_plan
-from memfit.errors import CorruptShardError, FrameworkMissingError
+from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
 from memfit.quiet import ignore_keras_shuffle_warning
 from memfit.sizes import parse_size
@@ -158,6 +159,13 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
 
             return arrays_feed(arrays_reader.open_arrays(path, batch_size, **arguments))
         return arrays_reader.dataset(path, batch_size, **arguments)
+    if is_tfrecord_files(path):
+        return _stream_files(path, batch_size, backend, split=split, features=features,
+                             memory_budget=memory_budget, seed=seed, epoch=epoch,
+                             epochs=epochs, shuffle=shuffle, drop_remainder=drop_remainder,
+                             on_corrupt=on_corrupt, shard=shard, input_context=input_context,
+                             cap_arenas=cap_arenas, indices=indices, cache=cache,
+                             reader=reader)
     checks.choice("reader", reader, ("auto", "tf", "blocks"))
     if indices is not None or cache is not None:
         raise ValueError(f"indices= and cache= apply to .npy sources (memory-mapped arrays); "
@@ -192,6 +200,28 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
 
     return tf_reader.build(manifest, shards, plan, features, on_corrupt=on_corrupt,
                            drop_remainder=drop_remainder, sharded=shard is not None)
+
+
+def _stream_files(path: Any, batch_size: int, backend: str, *, split: str | None,
+                  indices: Any, cache: str | None, reader: str, **arguments: Any
+                  ) -> tf.data.Dataset:
+    """TFRecord files read in place (:mod:`memfit.data.read.files`): on TensorFlow only;
+    the arguments that apply to packed data or ``.npy`` arrays alone are refused."""
+    given = {"split": split, "indices": indices, "cache": cache,
+             "reader": None if reader == "auto" else reader}
+    wrong = [f"{k}={v!r}" for k, v in given.items() if v is not None]
+    if wrong:
+        raise ValueError(f"{wrong[0].split('=')[0]}= does not apply to TFRecord files read "
+                         f"in place (pack them with `memfit pack --tfrecord` for splits). "
+                         f"Received: {', '.join(wrong)}")
+    if backend != "tensorflow":
+        raise DatasetError(f"memfit.dataset reads TFRecord files in place with tf.data, and "
+                           f"Keras runs on {backend}: pack them first (memfit pack --tfrecord "
+                           f"'path*.tfrecords' -o data/train), then memfit.dataset('data/train',"
+                           f" ...) feeds {backend} without TensorFlow.")
+    from memfit.data.read.files.files_reader import stream_files
+
+    return stream_files(path, batch_size, **arguments)
 
 
 def _shards_of(split: Split, shard: tuple[int, int] | None) -> list[Shard]:

@@ -65,10 +65,12 @@ MARKER = "memfit: "
 # memfit's message in TensorFlow's text: what tf.debugging.Assert prints of one string
 # ("assertion failed: [MESSAGE]", C-escaped), or the text of a Python exception raised in
 # a numpy_function ("ShardReadError: MESSAGE").
-_ASSERTED = re.compile(r"assertion failed: \[(memfit: (?:shard|array file) [^\n]*)\]")
-_RAISED = re.compile(r"(?:ShardReadError|CorruptShardError): (memfit: (?:shard|array file) "
+_ASSERTED = re.compile(r"assertion failed: \[(memfit: (?:shard|array file|TFRecord file) "
+                       r"[^\n]*)\]")
+_RAISED = re.compile(r"(?:ShardReadError|CorruptShardError): (memfit: (?:shard|array file|"
+                     r"TFRecord file) "
                      r"[^\n]*)")
-_FILE = re.compile(r"^memfit: (?:shard|array file) (.+?) (?:is|was) ")
+_FILE = re.compile(r"^memfit: (?:shard|array file|TFRecord file) (.+?) (?:is|was) ")
 _RECORD = re.compile(r": (?:record|sample) (\d+) of ")
 _ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)")
 _SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r"}

@@ -64,8 +64,9 @@ from memfit.data.sources.example_proto import (
 )
 from memfit.errors import DatasetError
 
-__all__ = ["RecordFeature", "TFRecordSource", "open_tfrecords", "describe_tfrecords",
-           "expand_tfrecord_paths"]
+__all__ = ["RecordFeature", "SpecCheck", "TFRecordSource", "open_tfrecords",
+           "describe_tfrecords", "expand_tfrecord_paths", "compression_of", "open_stream",
+           "decode_payload"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +249,7 @@ class _ZlibStream(io.RawIOBase):
         super().close()
 
 
-def _compression(path: Path) -> str | None:
+def compression_of(path: Path) -> str | None:
     """``None`` (plain), ``"GZIP"`` or ``"ZLIB"``, from the first bytes of the file."""
     with open(path, "rb") as f:
         head = f.read(12)
@@ -263,13 +264,75 @@ def _compression(path: Path) -> str | None:
         return None                                   # plain, damaged: the reader says so
 
 
-def _open_stream(path: Path, compression: str | None) -> BinaryIO:
+def open_stream(path: Path, compression: str | None) -> BinaryIO:
     f = open(path, "rb")
     if compression == "GZIP":
         return gzip.GzipFile(fileobj=f)               # type: ignore[return-value]
     if compression == "ZLIB":
         return _ZlibStream(f)                         # type: ignore[return-value]
     return f
+
+
+class SpecCheck:
+    """The spec of a set of records: inferred from the first record :meth:`check` is
+    given, and every later record checked against it (what the pack's first pass and
+    ``memfit.dataset``'s in-place reader both run).
+
+    Attributes:
+        spec: the features of the first record (empty until then), sorted by name.
+        first: ``(file, record index)`` of that record.
+        layout: where the values lie in records built like the first one (``None`` when
+            they cannot lie at fixed offsets): such records are checked without parsing.
+
+    Raises:
+        DatasetError: from :meth:`check`, naming the file, the record and both specs.
+    """
+
+    def __init__(self, variable: Iterable[str] = ()):
+        self.variable = frozenset(variable)
+        self.spec: dict[str, RecordFeature] = {}
+        self.first: tuple[Path, int] | None = None
+        self.layout: _Layout | None = None
+
+    def check(self, path: Path, index: int, payload: bytes) -> None:
+        """Checks record ``index`` of ``path`` against the spec (the first sets it)."""
+        if self.layout is not None and self.layout.matches(payload):
+            return                                    # built like the first record
+        where = f"TFRecord file {str(path)!r} record {index}"
+        try:
+            spec = _record_spec(payload, self.variable)
+        except ProtoError as e:
+            raise DatasetError(f"{where} is not a tf.train.Example ({e}). memfit reads "
+                               f"files of tf.train.Example records.") from None
+        except _Refused as e:
+            raise DatasetError(f"{where}: {e}.") from None
+        if self.first is None:
+            for name in spec:
+                check_feature_name(name)
+            if not spec:
+                raise DatasetError(f"{where} has no features.")
+            self.spec, self.first = dict(sorted(spec.items())), (path, index)
+            self.layout = _Layout.of(payload, self.spec)
+            return
+        if spec.keys() == self.spec.keys() and all(spec[n].same(self.spec[n]) for n in spec):
+            return
+        first = f"file {str(self.first[0])!r} record {self.first[1]}"
+        if spec.keys() != self.spec.keys():
+            missing = sorted(set(self.spec) - set(spec))
+            extra = sorted(set(spec) - set(self.spec))
+            raise DatasetError(
+                f"{where} has features {sorted(spec)}, {first} had {sorted(self.spec)}"
+                f"{f' (missing: {missing})' if missing else ''}"
+                f"{f' (not in the first: {extra})' if extra else ''}. Every record must "
+                f"have the same features.")
+        name = next(n for n in spec if not spec[n].same(self.spec[n]))
+        hint = "" if name in self.variable or spec[name].kind not in (
+            "float_list", "int64_list", "tensor") else \
+            (f" If its first dimension varies, declare it variable (variable=[{name!r}], "
+             f"--variable {name}).")
+        raise DatasetError(f"{where}: feature {name!r} is {spec[name]}; {first} had "
+                           f"{self.spec[name]}. The records disagree.{hint}")
+
 
 
 class TFRecordSource(ArraySource):
@@ -297,17 +360,17 @@ class TFRecordSource(ArraySource):
         self.files = list(files)
         self.variable = frozenset(variable)
         self.paths: dict[str, str] = {}                 # nothing to memory-map
-        self.compression = [_compression(p) for p in self.files]
+        self.compression = [compression_of(p) for p in self.files]
         self.read_paths = list(self.files)
         self._file = array.array("i")
         self._offset = array.array("q")
         self._size = array.array("q")
         self.records_per_file: list[int] = []
-        self.spec: dict[str, RecordFeature] = {}
-        self._first: tuple[Path, int] | None = None
-        self._layout: _Layout | None = None
+        self._checker = SpecCheck(self.variable)
         for i, path in enumerate(self.files):
             self._scan(i, path, scratch)
+        self.spec = self._checker.spec
+        self._layout = self._checker.layout
         if not self._offset:
             raise DatasetError(f"The TFRecord files hold no records: "
                                f"{', '.join(map(str, self.files[:3]))}"
@@ -335,9 +398,9 @@ class TFRecordSource(ArraySource):
             copy = open(self.read_paths[i], "wb")
         count = 0
         try:
-            with _open_stream(path, compression) as stream:
+            with open_stream(path, compression) as stream:
                 for index, (offset, payload) in enumerate(iter_records(stream)):
-                    self._check(path, index, payload)
+                    self._checker.check(path, index, payload)
                     if copy is not None:
                         copy.write(frame(payload))
                     self._file.append(i)
@@ -356,44 +419,6 @@ class TFRecordSource(ArraySource):
             if copy is not None:
                 copy.close()
         self.records_per_file.append(count)
-
-    def _check(self, path: Path, index: int, payload: bytes) -> None:
-        if self._layout is not None and self._layout.matches(payload):
-            return                                    # built like the first record
-        where = f"TFRecord file {str(path)!r} record {index}"
-        try:
-            spec = _record_spec(payload, self.variable)
-        except ProtoError as e:
-            raise DatasetError(f"{where} is not a tf.train.Example ({e}). memfit reads "
-                               f"files of tf.train.Example records.") from None
-        except _Refused as e:
-            raise DatasetError(f"{where}: {e}.") from None
-        if self._first is None:
-            for name in spec:
-                check_feature_name(name)
-            if not spec:
-                raise DatasetError(f"{where} has no features.")
-            self.spec, self._first = dict(sorted(spec.items())), (path, index)
-            self._layout = _Layout.of(payload, self.spec)
-            return
-        if spec.keys() == self.spec.keys() and all(spec[n].same(self.spec[n]) for n in spec):
-            return
-        first = f"file {str(self._first[0])!r} record {self._first[1]}"
-        if spec.keys() != self.spec.keys():
-            missing = sorted(set(self.spec) - set(spec))
-            extra = sorted(set(spec) - set(self.spec))
-            raise DatasetError(
-                f"{where} has features {sorted(spec)}, {first} had {sorted(self.spec)}"
-                f"{f' (missing: {missing})' if missing else ''}"
-                f"{f' (not in the first: {extra})' if extra else ''}. Every record must "
-                f"have the same features.")
-        name = next(n for n in spec if not spec[n].same(self.spec[n]))
-        hint = "" if name in self.variable or spec[name].kind not in (
-            "float_list", "int64_list", "tensor") else \
-            (f" If its first dimension varies, declare it variable (variable=[{name!r}], "
-             f"--variable {name}).")
-        raise DatasetError(f"{where}: feature {name!r} is {spec[name]}; {first} had "
-                           f"{self.spec[name]}. The records disagree.{hint}")
 
     def take(self, indices: np.ndarray) -> Columns:
         """The records at ``indices``, decoded, in that order (read in file order)."""
@@ -424,29 +449,8 @@ class TFRecordSource(ArraySource):
             raise DatasetError(f"TFRecord file {str(self.files[i])!r} changed while it was "
                                f"packed: the record at byte {offset} no longer matches its "
                                f"checksum. Pack it again once it is no longer written.")
-        layout = self._layout
-        if layout is not None and layout.matches(payload):
-            for name, f in self.spec.items():
-                first, end = layout.values[name]
-                if f.kind == "int64_list":
-                    arr: Any = decode_list(payload, Value(f.kind, ((first, end),), (True,)))
-                else:
-                    dtype = np.dtype(f.dtype).newbyteorder("<")
-                    arr = np.frombuffer(payload, dtype, (end - first) // dtype.itemsize, first)
-                self._put(out[name], row, arr, f, i, offset)
-            return
-        values = parse_example(payload)
-        for name, f in self.spec.items():
-            value = values[name]
-            if f.kind in ("float_list", "int64_list"):
-                arr: Any = decode_list(payload, value)
-            elif f.kind == "tensor":
-                header = parse_tensor_header(payload, *value.spans[0])
-                assert isinstance(header, TensorHeader)
-                arr = header.array(payload)
-            else:
-                arr = np.frombuffer(value.value(payload), np.uint8)
-            self._put(out[name], row, arr, f, i, offset)
+        for name, arr in decode_payload(payload, self.spec, self._layout).items():
+            self._put(out[name], row, arr, self.spec[name], i, offset)
 
     def _put(self, col: Any, row: int, arr: np.ndarray, f: Feature | RecordFeature, i: int,
              offset: int) -> None:
@@ -471,6 +475,35 @@ class TFRecordSource(ArraySource):
             h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
         h.update(self.description.encode())
         return h.hexdigest()
+
+
+def decode_payload(payload: bytes, spec: dict[str, RecordFeature],
+                   layout: _Layout | None) -> dict[str, np.ndarray]:
+    """The values of one record of ``spec`` (not yet reshaped): viewed at the layout's
+    offsets when the record is built like the first one, else parsed."""
+    out: dict[str, np.ndarray] = {}
+    if layout is not None and layout.matches(payload):
+        for name, f in spec.items():
+            first, end = layout.values[name]
+            if f.kind == "int64_list":
+                out[name] = decode_list(payload, Value(f.kind, ((first, end),), (True,)))
+            else:
+                dtype = np.dtype(f.dtype).newbyteorder("<")
+                out[name] = np.frombuffer(payload, dtype, (end - first) // dtype.itemsize,
+                                          first)
+        return out
+    values = parse_example(payload)
+    for name, f in spec.items():
+        value = values[name]
+        if f.kind in ("float_list", "int64_list"):
+            out[name] = decode_list(payload, value)
+        elif f.kind == "tensor":
+            header = parse_tensor_header(payload, *value.spans[0])
+            assert isinstance(header, TensorHeader)
+            out[name] = header.array(payload)
+        else:
+            out[name] = np.frombuffer(value.value(payload), np.uint8)
+    return out
 
 
 def open_tfrecords(patterns: str | os.PathLike | Sequence[str | os.PathLike], scratch: Path,

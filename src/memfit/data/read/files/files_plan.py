@@ -1,0 +1,115 @@
+"""What ``memfit.dataset`` buys with the byte budget for TFRecord files read in place:
+the :class:`FilesPlan` (a :class:`~memfit.data.read.plan.ReaderPlan`, settled like every
+reader's) and :func:`plan_files` that sizes it.
+
+The budget pays, in this order: the file readers (``cycle_length`` files at once, each
+with a 256 KiB buffer), the batches decoded in parallel (their records and values), a
+prefetch of up to :data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left
+the shuffle buffer of records (at most one epoch's samples). A bigger budget mixes more.
+
+Example:
+    >>> plan = plan_files("2 files", 1000, [600, 400], batch_size=100, budget=2**26,
+    ...                   record_bytes=1000, sample_bytes=800, shuffle=True,
+    ...                   drop_remainder=False, seed=0, epoch=0, epochs=None)
+    >>> plan.window_samples, plan.cycle_length, plan.steps_per_epoch
+    (1000, 2, 10)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, plan_summary, steps_per_epoch
+from memfit.errors import DatasetError
+from memfit.sizes import format_size
+
+__all__ = ["FilesPlan", "plan_files", "READ_BUFFER"]
+
+READ_BUFFER = 256 * 1024
+_DECODE_COPIES = 3          # a batch's joined records, the values cut out, the decoded copy
+
+
+@dataclasses.dataclass(frozen=True)
+class FilesPlan:
+    """What ``memfit.dataset`` chose for TFRecord files read in place.
+
+    Attributes:
+        path: the files, described; files: how many are read.
+        batch_size, samples, steps_per_epoch: as for every plan.
+        memory_budget: the budget; estimated_bytes: what the plan holds at most.
+        window_samples: the shuffle buffer, in records (one sample each).
+        cycle_length: files read at once (interleaved a record each), by read_threads.
+        parallel_batches: batches decoded at once; prefetch_batches: batches ahead.
+        seed, epoch, epochs, shuffle, arena_limit: as for every plan.
+    """
+
+    path: str
+    files: int
+    batch_size: int
+    samples: int
+    steps_per_epoch: int
+    memory_budget: int
+    estimated_bytes: int
+    window_samples: int
+    cycle_length: int
+    read_threads: int
+    parallel_batches: int
+    prefetch_batches: int
+    seed: int
+    epoch: int
+    epochs: int | None
+    shuffle: bool
+    arena_limit: int | None = None
+    reader: str = "tfrecord files in place"
+
+    def __str__(self) -> str:
+        order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved a "
+                 f"record at a time by {self.read_threads} threads, shuffle buffer "
+                 f"{self.window_samples:,} records" if self.shuffle else "stored order")
+        return (f"memfit.dataset {self.path} (read in place, not packed): budget "
+                f"{format_size(self.memory_budget)} → {order}, {self.parallel_batches} batches "
+                f"decoded in parallel, prefetch {self.prefetch_batches} batches; about "
+                f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
+
+
+def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: int,
+               budget: int, record_bytes: int, sample_bytes: int, shuffle: bool,
+               drop_remainder: bool, seed: int, epoch: int, epochs: int | None) -> FilesPlan:
+    """The plan for ``samples`` records in files of ``records`` each (see the module
+    docstring).
+
+    Raises:
+        DatasetError: a budget too small for the readers, one batch decoded and one
+            prefetched (it says how much is needed).
+    """
+    cores = os.cpu_count() or 1
+    cycle = max(1, min(len(records), MAX_CYCLE)) if shuffle else 1
+    readers = cycle * (READ_BUFFER + 2 * record_bytes)
+    parallel = max(1, min(2, cores))
+    batch_records = batch_size * record_bytes
+    batch_bytes = batch_size * sample_bytes
+    decoding = parallel * (batch_records + _DECODE_COPIES * batch_bytes)
+    least_buffer = min(samples, batch_size) if shuffle else 0
+    need_min = readers + decoding + batch_bytes + least_buffer * record_bytes
+    if budget < need_min:
+        raise DatasetError(
+            f"memory_budget={format_size(budget)} is too small to stream batches of "
+            f"{batch_size} records of {format_size(record_bytes)} from TFRecord files: it "
+            f"needs at least {format_size(need_min)}. Raise memory_budget or lower "
+            f"batch_size. Received: memory_budget={budget}")
+    spare = budget - readers - decoding - least_buffer * record_bytes
+    prefetch = int(max(1, min(MAX_PREFETCH, spare // (2 * max(batch_bytes, 1)))))
+    buffer = 0
+    if shuffle:
+        left = budget - readers - decoding - prefetch * batch_bytes
+        buffer = int(max(least_buffer, min(samples, left // record_bytes)))
+    estimated = readers + decoding + prefetch * batch_bytes + buffer * record_bytes
+    return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
+                     steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
+                     memory_budget=budget, estimated_bytes=int(estimated),
+                     window_samples=buffer, cycle_length=cycle,
+                     read_threads=min(cycle, cores), parallel_batches=parallel,
+                     prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
+                     shuffle=shuffle)

@@ -1,0 +1,274 @@
+"""TFRecord files of ``tf.train.Example`` records streamed in place as a ``tf.data``
+pipeline, under memfit's plan (:mod:`memfit.data.read.files.files_plan`). For epoch ``e``::
+
+    files, permuted by (seed, e)
+      → interleave: `cycle_length` files read at once, a record from each in turn
+        (TFRecordDataset, CRC32C checked; deterministic)
+      → a shuffle buffer of `window_samples` records, seeded from (seed, e)
+      → batch `batch_size` records → decode the batch (`parallel_batches` at once)
+      → prefetch
+
+The order is a pure function of ``(seed, epoch)``: the file order is a stateless shuffle,
+the interleave is deterministic, and the shuffle buffer's seed is derived from them (the
+graph-level seed is fixed inside the epoch's function, so ``tf.random.set_seed`` elsewhere
+does not change it). It is coarser than a packed dataset's: a sample can only meet the
+samples within a buffer's reach of it in the interleaved stream, where packing permutes
+all samples once and the readers mix shards of that permutation.
+
+Decoding a batch: records built like the first one (same size, same bytes outside the
+values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) have
+their values cut out at fixed offsets and decoded in one ``decode_raw`` per feature;
+``int64`` lists go through ``tf.io.parse_example``. A batch with any other record is
+decoded in Python by the pack's own code
+(:func:`~memfit.data.sources.tfrecord_source.decode_payload`),
+each such record checked first (:class:`~memfit.data.sources.tfrecord_source.SpecCheck`):
+one that disagrees stops the stream with a ``CorruptShardError`` naming the file and the
+record. So does a damaged record (a bad CRC32C, a file cut short), unless
+``on_corrupt="skip"``.
+
+Example:
+    >>> _raw_dtype("uint32"), _raw_dtype("float32")
+    (tf.int32, tf.float32)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
+from memfit.data.read.feeder import epochs_dataset
+from memfit.data.read.files.files_plan import READ_BUFFER, FilesPlan, plan_files
+from memfit.data.read.files.tfrecord_files import TFRecordFiles, open_files
+from memfit.data.read.pipeline_tail import finish, warn_skipped
+from memfit.data.read.plan import settle_plan
+from memfit.data.read.tf_reader import stateless_seed
+from memfit.data.read.translate_errors import assert_clean
+from memfit.data.sources.tfrecord_source import RecordFeature, decode_payload
+from memfit.errors import CorruptShardError, DatasetError
+from memfit.sizes import parse_size
+
+__all__ = ["stream_files"]
+
+_GRAPH_SEED = 0x6D656D66          # "memf": the epoch function's graph-level seed
+_CHUNK = 64                       # records read and counted at a time
+
+
+def _raw_dtype(name: str) -> tf.DType:
+    """What ``decode_raw`` decodes ``name`` as (it has no unsigned 32/64-bit output)."""
+    return {"uint32": tf.int32, "uint64": tf.int64}.get(name, tf.as_dtype(name))
+
+
+class _Steps:
+    """The pipeline's steps over one set of files (see the module docstring)."""
+
+    def __init__(self, files: TFRecordFiles, plan: FilesPlan, names: Sequence[str], *,
+                 on_corrupt: str, drop_remainder: bool):
+        self.files, self.plan = files, plan
+        self.on_corrupt, self.drop_remainder = on_corrupt, drop_remainder
+        self.feats: dict[str, RecordFeature] = {n: files.spec[n] for n in names}
+        self.paths = tf.constant([str(p) for p in files.files])
+        self.compression = tf.constant([c or "" for c in files.compression])
+        self.expected = tf.constant(files.records, tf.int64)
+        self._warned: set[bytes] = set()
+        self._lock = threading.Lock()
+        layout = files.check.layout
+        self.layout = layout if layout is not None and all(
+            f.kind in ("tensor", "float_list", "int64_list") for f in files.spec.values()) \
+            else None
+
+    # -- reading ---------------------------------------------------------------------
+    def read_file(self, i: tf.Tensor) -> tf.data.Dataset:
+        """``(file index, record index, record)`` of file ``i``, the count checked at
+        its end against the count found when it was opened (``TFRecordDataset`` stops
+        quietly at a damaged record under ``ignore_errors``)."""
+        file, records = self.paths[i], self.expected[i]
+        raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
+                                      buffer_size=READ_BUFFER).ignore_errors().batch(_CHUNK)
+        end = tf.data.Dataset.from_tensors((tf.constant([], tf.string), True))
+        marked = raw.map(lambda r: (r, False)).concatenate(end)
+
+        def count(n: tf.Tensor, item: tuple) -> tuple:
+            chunk, is_end = item
+            ok = tf.logical_or(tf.logical_not(is_end), tf.equal(n, records))
+            with tf.control_dependencies([self._check_count(ok, file, n, records)]):
+                k = tf.size(chunk, out_type=tf.int64)
+                return n + k, (tf.fill([k], i), n + tf.range(k), chunk, is_end)
+
+        # Checked a chunk of records at a time: a step per record costs more than reading.
+        return (marked.scan(tf.constant(0, tf.int64), count)
+                .filter(lambda i, n, r, is_end: tf.logical_not(is_end))
+                .map(lambda i, n, r, is_end: (i, n, r)).unbatch())
+
+    def _check_count(self, ok: tf.Tensor, file: tf.Tensor, n: tf.Tensor,
+                     records: tf.Tensor) -> tf.Tensor:
+        if self.on_corrupt == "raise":
+            def message() -> tf.Tensor:
+                return tf.strings.join([
+                    "memfit: TFRecord file ", file, " is corrupt or truncated: record ",
+                    tf.strings.as_string(n), " of ", tf.strings.as_string(records),
+                    " cannot be read (bad CRC32C or cut short). Write the file again or "
+                    "leave it out; or pass on_corrupt='skip' to train without the "
+                    "damaged records."])
+
+            return assert_clean(tf.cond(ok, lambda: tf.constant(""), message))
+        return tf.cond(ok, lambda: tf.constant(True), lambda: tf.numpy_function(
+            self._warn, [file, n, records], tf.bool, stateful=True))
+
+    def _warn(self, file: bytes, n: np.int64, records: np.int64) -> np.bool_:
+        with self._lock:
+            if file in self._warned:
+                return np.True_
+            self._warned.add(file)
+        warn_skipped(f"memfit: WARNING: skipped {int(records - n):,} unreadable records of "
+                     f"TFRecord file {file.decode('utf-8', 'replace')} from record {int(n)} "
+                     f"on (damaged or truncated).")
+        return np.True_
+
+    # -- decoding --------------------------------------------------------------------
+    def decode(self, fi: tf.Tensor, ri: tf.Tensor, r: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A batch of records decoded: at fixed offsets when every record is built like
+        the first, else in Python (each odd record checked)."""
+        if self.layout is None:
+            return self._slow(fi, ri, r)
+        layout = self.layout
+        length = tf.strings.length(r)
+
+        def same_bytes() -> tf.Tensor:
+            ok = tf.constant(True)
+            for a, b in layout.fixed:
+                ok = tf.logical_and(ok, tf.reduce_all(tf.equal(
+                    tf.strings.substr(r, a, b - a), layout.first[a:b])))
+            return ok
+
+        like_first = tf.cond(tf.reduce_all(tf.equal(length, len(layout.first))),
+                             same_bytes, lambda: tf.constant(False))
+        return tf.cond(like_first, lambda: self._fast(r), lambda: self._slow(fi, ri, r))
+
+    def _fast(self, r: tf.Tensor) -> dict[str, tf.Tensor]:
+        assert self.layout is not None
+        out, ints = {}, {}
+        for name, f in self.feats.items():
+            if f.kind == "int64_list":
+                ints[name] = tf.io.FixedLenFeature(f.shape, tf.int64)
+                continue
+            a, b = self.layout.values[name]
+            raw = _raw_dtype(f.dtype)
+            values = tf.io.decode_raw(tf.strings.substr(r, a, b - a), raw, little_endian=True)
+            if raw != tf.as_dtype(f.dtype):
+                values = tf.bitcast(values, tf.as_dtype(f.dtype))
+            out[name] = tf.reshape(values, [-1, *f.shape])
+        if ints:
+            out.update(tf.io.parse_example(r, ints))
+        return out
+
+    def _slow(self, fi: tf.Tensor, ri: tf.Tensor, r: tf.Tensor) -> dict[str, tf.Tensor]:
+        names = list(self.feats)
+        values = tf.numpy_function(self._py_decode, [fi, ri, r],
+                                   [tf.as_dtype(self.feats[n].dtype) for n in names],
+                                   stateful=False)
+        out = {}
+        for name, v in zip(names, values, strict=True):
+            v.set_shape([None, *self.feats[name].shape])
+            out[name] = v
+        return out
+
+    def _py_decode(self, fi: np.ndarray, ri: np.ndarray, r: np.ndarray) -> list[np.ndarray]:
+        check, files = self.files.check, self.files
+        out = [np.empty((len(r), *f.shape), f.dtype) for f in self.feats.values()]
+        for row, payload in enumerate(r.tolist()):
+            path, index = files.files[int(fi[row])], int(ri[row])
+            if check.layout is None or not check.layout.matches(payload):
+                try:
+                    check.check(path, index, payload)
+                except DatasetError as e:
+                    raise CorruptShardError(
+                        f"memfit: TFRecord file {path} is not like its first record: "
+                        f"record {index} of {files.records[int(fi[row])]} disagrees. {e}",
+                        str(path), index) from None
+            values = decode_payload(payload, check.spec, check.layout)
+            for col, (name, f) in zip(out, self.feats.items(), strict=True):
+                col[row] = np.asarray(values[name]).reshape(f.shape)
+        return out
+
+    # -- an epoch --------------------------------------------------------------------
+    def one_epoch(self, e: tf.Tensor) -> tf.data.Dataset:
+        plan = self.plan
+        tf.random.set_seed(_GRAPH_SEED)        # this function's graph only: see above
+        seed_e = stateless_seed(plan.seed, e)
+        order = tf.range(len(self.files.files), dtype=tf.int64)
+        if plan.shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
+        listing = tf.data.Dataset.from_tensor_slices(order)
+        if plan.shuffle:
+            records = listing.interleave(self.read_file, cycle_length=plan.cycle_length,
+                                         block_length=1, num_parallel_calls=plan.read_threads,
+                                         deterministic=True)
+            buffer_seed = stateless_seed(plan.seed, e, 2)[0] % 0x7FFFFFFF
+            records = records.shuffle(plan.window_samples, seed=buffer_seed,
+                                      reshuffle_each_iteration=False)
+        else:
+            records = listing.flat_map(self.read_file)
+        batches = records.batch(plan.batch_size, drop_remainder=self.drop_remainder)
+        return batches.map(self.decode, num_parallel_calls=plan.parallel_batches,
+                           deterministic=True)
+
+
+def stream_files(path: Any, batch_size: int, *, features: Sequence[str] | None,
+                 memory_budget: str | int, seed: int | None, epoch: int, epochs: int | None,
+                 shuffle: bool, drop_remainder: bool, on_corrupt: str,
+                 shard: tuple[int, int] | None, input_context: Any,
+                 cap_arenas: bool) -> tf.data.Dataset:
+    """``memfit.dataset`` for TFRecord files read in place (the arguments are
+    ``memfit.dataset``'s; ``seed=None`` is 0). Returns the dataset, its plan as
+    ``ds.memfit_plan``.
+
+    Raises:
+        DatasetError: for bad input (see :func:`~memfit.data.read.files.tfrecord_files.open_files`),
+            and for features that are not fixed-shape numbers (pack those files first).
+    """
+    batch_size, epoch, epochs = check_arguments(batch_size=batch_size, on_corrupt=on_corrupt,
+                                                epoch=epoch, epochs=epochs)
+    seed = check_seed(0 if seed is None else seed)
+    shard = check_shard(shard, input_context)
+    files = open_files(path)
+    odd = [f for f in files.spec.values() if f.kind in ("image", "bytes") or None in f.shape]
+    if odd:
+        raise DatasetError(f"memfit.dataset streams TFRecord files in place when every "
+                           f"feature has a fixed shape; feature {odd[0].name!r} is "
+                           f"{odd[0]}. Pack the files first: memfit pack --tfrecord "
+                           f"'{files.files[0].parent}/*' -o data/train")
+    names = check_features(features, files.spec, files.describe())
+    if shard is not None:
+        index, count = shard
+        if count > len(files.files):
+            raise ValueError(f"Cannot shard {len(files.files)} TFRecord files {count} ways. "
+                             f"Received: shard={shard!r}")
+        keep = range(index, len(files.files), count)
+        files = TFRecordFiles(tuple(files.files[k] for k in keep),
+                              tuple(files.compression[k] for k in keep),
+                              tuple(files.records[k] for k in keep), files.record_bytes,
+                              files.check)
+    picked = tuple(names) if names is not None else tuple(files.spec)
+    sample_bytes = sum(math.prod(files.spec[n].shape) * np.dtype(files.spec[n].dtype).itemsize
+                       for n in picked)
+    samples = sum(files.records)
+    plan = plan_files(files.describe(), samples, files.records, batch_size=batch_size,
+                      budget=parse_size(memory_budget, name="memory_budget"),
+                      record_bytes=files.record_bytes, sample_bytes=max(1, sample_bytes),
+                      shuffle=shuffle, drop_remainder=drop_remainder, seed=seed,
+                      epoch=epoch, epochs=epochs)
+    plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
+    steps = _Steps(files, plan, picked, on_corrupt=on_corrupt, drop_remainder=drop_remainder)
+    epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
+    ds = epoch_ds.flat_map(steps.one_epoch)
+    if names is not None:
+        ds = ds.map(lambda d: tuple(d[n] for n in names) if len(names) > 1 else d[names[0]])
+    return finish(ds, plan, counter, sharded=shard is not None,
+                  check_cardinality=on_corrupt == "raise")
+

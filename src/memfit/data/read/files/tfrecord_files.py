@@ -1,0 +1,166 @@
+"""Other programs' TFRecord files opened for streaming in place: each file's compression
+(from its first bytes), its records counted, its first record's spec inferred and checked
+against the other files' with the pack's own check
+(:class:`~memfit.data.sources.tfrecord_source.SpecCheck`). No TensorFlow.
+
+Counting a plain file reads each record's 12-byte header and skips its data, so opening
+costs a few bytes a record; a GZIP or ZLIB file is decompressed once to count (a
+compressed stream cannot be skipped through). Records after each file's first are checked
+while streaming (:mod:`memfit.data.read.files.files_reader`), not here.
+
+Example:
+    >>> import tempfile
+    >>> from memfit.data.format.records import encode_example, frame
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.tfrecords").write_bytes(frame(encode_example({}, {"y": [7]})) * 3)
+    >>> files = open_files([d / "a.tfrecords"])
+    >>> files.records, str(files.spec["y"])
+    ((3,), 'int64_list of 1 value → int64 ()')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+
+from memfit.data.format.records import mask_crc
+from memfit.data.sources.tfrecord_source import (
+    RecordFeature,
+    SpecCheck,
+    compression_of,
+    expand_tfrecord_paths,
+    open_stream,
+)
+from memfit.errors import CorruptShardError, DatasetError
+
+__all__ = ["TFRecordFiles", "open_files", "is_tfrecord_files", "damaged"]
+
+_NOT_FILES = (".npy", ".npz", ".json")
+
+
+def is_tfrecord_files(source: Any) -> bool:
+    """Whether ``memfit.dataset`` should stream ``source`` as TFRecord files in place: a
+    list or tuple of paths or globs, a glob, or a path to a file (not a directory, not
+    ``.npy``/``.npz``/``manifest.json``).
+
+    Example:
+        >>> is_tfrecord_files(["a.tfrecords"]), is_tfrecord_files("data/*.tfrecords")
+        (True, True)
+    """
+    if isinstance(source, list | tuple):
+        return len(source) > 0 and all(isinstance(s, str | os.PathLike) for s in source)
+    if not isinstance(source, str | os.PathLike) or isinstance(source, Mapping):
+        return False
+    text = str(source)
+    if glob.has_magic(text):
+        return True
+    return os.path.isfile(text) and not text.endswith(_NOT_FILES)
+
+
+def damaged(path: Path | str, record: int, records: int | str, why: str) -> str:
+    """memfit's one line for a damaged record of a file read in place (what
+    :mod:`memfit.data.read.translate_errors` turns into a ``CorruptShardError``)."""
+    return (f"memfit: TFRecord file {path} is corrupt or truncated: record {record} of "
+            f"{records} cannot be read ({why}). Write the file again or leave it out; or "
+            f"pass on_corrupt='skip' to train without the damaged records.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TFRecordFiles:
+    """The files, as opened.
+
+    Attributes:
+        files: the files, in the order given (each glob's matches sorted).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"`` for each.
+        records: the records in each file.
+        record_bytes: the mean size of a record's frame.
+        check: the spec and its check (its ``spec``, ``first`` and ``layout``).
+    """
+
+    files: tuple[Path, ...]
+    compression: tuple[str | None, ...]
+    records: tuple[int, ...]
+    record_bytes: int
+    check: SpecCheck = dataclasses.field(compare=False)
+
+    @property
+    def spec(self) -> dict[str, RecordFeature]:
+        return self.check.spec
+
+    def describe(self) -> str:
+        shown = ", ".join(str(f) for f in self.files[:2])
+        return f"{len(self.files)} TFRecord files ({shown}{', ...' if len(self.files) > 2 else ''})"
+
+
+def _count(path: Path, compression: str | None, check: SpecCheck) -> tuple[int, int]:
+    """Records in one file and their frames' bytes; its first record checked."""
+    size = os.path.getsize(path)
+    count = total = 0
+    with open_stream(path, compression) as f:
+        while True:
+            header = f.read(12)
+            if not header:
+                return count, total
+            if len(header) < 12 or struct.pack("<I", mask_crc(
+                    google_crc32c.value(header[:8]))) != header[8:]:
+                if count == 0:
+                    raise DatasetError(f"{str(path)!r} is not a TFRecord file (its first "
+                                       f"record's length checksum does not match). "
+                                       f"memfit.dataset streams files of tf.train.Example "
+                                       f"records, plain, GZIP or ZLIB.")
+                raise CorruptShardError(damaged(path, count, "?", "bad CRC32C of its "
+                                                "length, or cut short"), str(path), count)
+            (length,) = struct.unpack("<Q", header[:8])
+            if count == 0 or compression is not None:
+                data = f.read(length + 4)
+                if len(data) < length + 4:
+                    raise CorruptShardError(damaged(path, count, count + 1, "cut short"),
+                                            str(path), count)
+                if count == 0:
+                    if struct.pack("<I", mask_crc(google_crc32c.value(data[:-4]))) != data[-4:]:
+                        raise CorruptShardError(damaged(path, 0, "?", "bad CRC32C of its "
+                                                        "data"), str(path), 0)
+                    check.check(path, 0, data[:-4])
+            else:
+                end = f.seek(length + 4, os.SEEK_CUR)
+                if end > size:
+                    raise CorruptShardError(damaged(path, count, count + 1, "cut short"),
+                                            str(path), count)
+            count += 1
+            total += 16 + length
+
+
+def open_files(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
+               variable: Iterable[str] = ()) -> TFRecordFiles:
+    """Opens TFRecord files (paths or globs) for streaming in place.
+
+    Raises:
+        DatasetError: a glob or path that matches nothing, a file that is not TFRecord,
+            a first record that is not a ``tf.train.Example`` or disagrees with another
+            file's first record (naming both), no records at all.
+        CorruptShardError: a file cut short, or a damaged first record.
+    """
+    files = expand_tfrecord_paths(patterns)
+    check = SpecCheck(variable)
+    compression = tuple(compression_of(p) for p in files)
+    counted = []
+    for path, comp in zip(files, compression, strict=True):
+        try:
+            counted.append(_count(path, comp, check))
+        except (OSError, EOFError, zlib.error) as e:
+            raise DatasetError(f"TFRecord file {str(path)!r} cannot be read: {e}.") from None
+    records = tuple(n for n, _ in counted)
+    if sum(records) == 0:
+        raise DatasetError(f"The TFRecord files hold no records: "
+                           f"{', '.join(map(str, files[:3]))}; nothing to stream.")
+    bytes_ = sum(b for _, b in counted)
+    return TFRecordFiles(tuple(files), compression, records,
+                         max(1, bytes_ // sum(records)), check)

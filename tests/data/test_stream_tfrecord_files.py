@@ -1,0 +1,182 @@
+"""memfit.dataset([file, ...]) streams TFRecord files of tf.train.Example records in place,
+on files written exactly by the recipe (tests/data/test_sources_tfrecord.py writes them):
+the same samples as a pack of the same files, an order that is a pure function of
+(seed, epoch), damaged and disagreeing records named, bad input refused in one line."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memfit
+from memfit.errors import CorruptShardError, DatasetError, MemfitError
+
+from .test_sources_tfrecord import _example, _recipe_data, write_recipe
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _rows(ds):
+    """The samples of one pass, as sorted (data bytes, label bytes) pairs, and the
+    batches in order."""
+    batches = [(a.numpy(), b.numpy()) for a, b in ds]
+    rows = sorted((a[i].tobytes(), b[i].tobytes()) for a, b in batches
+                  for i in range(len(a)))
+    return rows, batches
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_in_place_gives_the_packs_samples_typed_and_shaped(tmp_path, compression):
+    x, y = _recipe_data(203)
+    paths = write_recipe(tmp_path, x, y, compression=compression)
+    ds = memfit.dataset([str(p) for p in paths], 32, features=("data", "label"),
+                        memory_budget="8MiB")
+    plan = ds.memfit_plan
+    assert plan.samples == 203 and plan.steps_per_epoch == 7 and plan.files == 4
+    assert plan.estimated_bytes <= plan.memory_budget and "read in place" in str(plan)
+    rows, batches = _rows(ds)
+    assert batches[0][0].dtype == np.float32 and batches[0][0].shape == (32, 6, 5, 3)
+    assert batches[0][1].dtype == np.float32 and batches[0][1].shape == (32, 2)
+    memfit.pack(tfrecord=str(tmp_path / "path*.tfrecords"), output=tmp_path / "packed")
+    packed, _ = _rows(memfit.dataset(tmp_path / "packed", 32, features=("data", "label")))
+    assert rows == packed == sorted((a.tobytes(), b.tobytes()) for a, b in zip(x, y, strict=True))
+    again, second = _rows(ds)                   # the next epoch: same samples, new order
+    assert again == rows and not np.array_equal(second[0][0], batches[0][0])
+
+
+def test_stored_order_with_shuffle_false_and_a_glob(tmp_path):
+    x, y = _recipe_data(50)
+    write_recipe(tmp_path, x, y, files=3)
+    ds = memfit.dataset(str(tmp_path / "path*.tfrecords"), 16, shuffle=False, epochs=1)
+    got = list(ds)
+    assert np.array_equal(np.concatenate([b["data"].numpy() for b in got]), x)
+    assert np.array_equal(np.concatenate([b["label"].numpy() for b in got]), y)
+
+
+_ORDER = """
+import hashlib, sys
+import tensorflow as tf
+import memfit
+tf.random.set_seed(int(sys.argv[3]))             # the user's global seed changes nothing
+ds = memfit.dataset(sys.argv[1] + "/path*.tfrecords", 16, seed=7, epoch=int(sys.argv[2]),
+                    features=("data", "label"), memory_budget="4MiB")
+h = hashlib.sha256()
+for a, b in ds:
+    h.update(a.numpy().tobytes()); h.update(b.numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_same_seed_and_epoch_give_the_same_batches_in_two_processes(tmp_path):
+    x, y = _recipe_data(120)
+    write_recipe(tmp_path, x, y)
+    script = tmp_path / "order.py"
+    script.write_text(_ORDER)
+
+    def run(epoch, global_seed):
+        out = subprocess.run([sys.executable, str(script), str(tmp_path), str(epoch),
+                              str(global_seed)], capture_output=True, text=True, env=ENV,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()[-1]
+
+    first = run(1, 1)
+    assert run(1, 2) == first                   # another process, another global seed
+    assert run(2, 1) != first                   # another epoch, another order
+    # ... and the same batches as epoch 1 reached by a pass in this process
+    ds = memfit.dataset(str(tmp_path / "path*.tfrecords"), 16, seed=7, epoch=0,
+                        features=("data", "label"), memory_budget="4MiB")
+    list(ds)                                    # epoch 0
+    h = hashlib.sha256()
+    for a, b in ds:                             # epoch 1
+        h.update(a.numpy().tobytes())
+        h.update(b.numpy().tobytes())
+    assert h.hexdigest() == first
+
+
+def _flip(path: Path, record: int) -> None:
+    """Flips a byte in the data of ``record`` (records of equal size)."""
+    data = bytearray(path.read_bytes())
+    (length,) = np.frombuffer(bytes(data[:8]), "<u8")
+    data[record * (int(length) + 16) + 12 + int(length) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_is_named_by_file_and_record(tmp_path, capsys):
+    x, y = _recipe_data(80)
+    paths = write_recipe(tmp_path, x, y)
+    _flip(paths[1], 5)
+    ds = memfit.dataset([str(p) for p in paths], 16, features=("data", "label"),
+                        memory_budget="4MiB")
+    with pytest.raises(CorruptShardError) as e:
+        list(ds)
+    assert e.value.file == str(paths[1]) and e.value.record == 5
+    assert str(e.value).startswith(f"memfit: TFRecord file {paths[1]} is corrupt")
+    assert "\n" not in str(e.value)
+    skip = memfit.dataset([str(p) for p in paths], 16, features=("data", "label"),
+                          memory_budget="4MiB", on_corrupt="skip")
+    rows, _ = _rows(skip)
+    assert len(rows) == 80 - (20 - 5)           # path2's records from 5 on are left out
+    assert "skipped 15 unreadable records" in capsys.readouterr().err
+
+
+def test_a_file_cut_short_is_named_when_opened(tmp_path):
+    x, y = _recipe_data(40)
+    paths = write_recipe(tmp_path, x, y)
+    paths[2].write_bytes(paths[2].read_bytes()[:-100])
+    with pytest.raises(CorruptShardError, match="path3.tfrecords is corrupt or truncated: "
+                                                "record 9 "):
+        memfit.dataset([str(p) for p in paths], 8)
+
+
+def test_bad_input_is_one_line_and_a_memfit_error(tmp_path):
+    x, y = _recipe_data(20)
+    paths = write_recipe(tmp_path, x, y, files=2)
+    with pytest.raises(DatasetError, match="No TFRecord file matches") as e:
+        memfit.dataset(str(tmp_path / "nothing*.tfrecords"), 8)
+    not_tfrecord = tmp_path / "notes.tfrecords"
+    not_tfrecord.write_text("these are notes, not records\n" * 10)
+    with pytest.raises(DatasetError, match="is not a TFRecord file") as e:
+        memfit.dataset([str(paths[0]), str(not_tfrecord)], 8)
+    assert "\n" not in str(e.value)
+    import tensorflow as tf
+
+    other = tmp_path / "other.tfrecords"                # a first record of another shape
+    with tf.io.TFRecordWriter(str(other)) as w:
+        w.write(_example(np.zeros((6, 5, 4), np.float32), [0.0, 1.0]))
+    with pytest.raises(DatasetError, match=r"record 0: feature 'data' is serialized tensor "
+                                           r"→ float32 \(6, 5, 4\).*The records disagree"):
+        memfit.dataset([str(paths[0]), str(other)], 8)
+    with pytest.raises(ValueError, match="split= does not apply"):
+        memfit.dataset([str(paths[0])], 8, split="train")
+    with pytest.raises(DatasetError, match="too small"):
+        memfit.dataset([str(paths[0])], 8, memory_budget="64KiB")
+
+
+def test_a_record_that_disagrees_later_in_a_file_is_named(tmp_path):
+    import tensorflow as tf
+
+    x, y = _recipe_data(12)
+    path = tmp_path / "mixed.tfrecords"
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(12):
+            w.write(_example(x[i] if i != 7 else np.zeros((6, 5, 4), np.float32), y[i]))
+    ds = memfit.dataset([str(path)], 4, shuffle=False, features=("data", "label"))
+    with pytest.raises(CorruptShardError) as e:
+        list(ds)
+    assert e.value.file == str(path) and e.value.record == 7
+    assert "(6, 5, 4)" in str(e.value) and isinstance(e.value, MemfitError)
+
+
+def test_other_keras_backends_are_told_to_pack_first(tmp_path, monkeypatch):
+    from memfit.data.read import dispatch
+
+    x, y = _recipe_data(10)
+    paths = write_recipe(tmp_path, x, y, files=1)
+    monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
+    with pytest.raises(DatasetError, match=r"pack them first \(memfit pack --tfrecord"):
+        memfit.dataset([str(paths[0])], 8)
