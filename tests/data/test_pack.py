@@ -178,8 +178,11 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
                          text=True, timeout=300)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode != 0
-    assert last.startswith("memfit.errors.DatasetError: A writer process") and \
-        'if __name__ == "__main__":' in last, run.stderr[-2000:]
+    assert last.startswith("memfit.errors.DatasetError: memfit.pack(workers=2) cannot start") \
+        and 'if __name__ == "__main__":' in last, run.stderr[-2000:]
+    # found before any writer started: no writer's traceback, no leaked semaphores
+    assert run.stderr.count("Traceback") == 1 and "resource_tracker" not in run.stderr
+    assert not any(tmp_path.glob("out*/*.tfrecord*"))
 
 
 @pytest.mark.parametrize("orphaned", [False, True])

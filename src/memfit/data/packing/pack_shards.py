@@ -383,6 +383,12 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
     compression = options.compression
     reopen = set(src.paths) == set(src.columns)
     if reopen:
+        unguarded = _unguarded_script()
+        if unguarded:
+            # Found before a writer starts: each would import the script and pack again
+            # (then die, each with its traceback, and leave semaphores behind).
+            raise DatasetError(f"memfit.pack(workers={options.workers}) cannot start its "
+                               f"writer processes: {unguarded}")
         pool: cf.Executor = cf.ProcessPoolExecutor(
             options.workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_die_with_parent, initargs=(os.getpid(),))
@@ -411,16 +417,27 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
             raise
 
 
+def _unguarded_script() -> str | None:
+    """What is wrong when the ``__main__`` module is a script without a ``__main__`` guard
+    (``None`` when it is not): each writer process starts by importing it (spawn), and so
+    would pack again there."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if not script or getattr(main, "__spec__", None) is not None:
+        return None
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return None
+    if "__main__" in text:
+        return None
+    return (f"each writer starts by importing {script!r}, which packs again there. Put the "
+            f"script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
+
+
 def _died(workers: int) -> str:
-    """What to say when a writer process died: each starts by importing the ``__main__``
-    script (spawn), so a script that packs without a ``__main__`` guard packs again there."""
-    said = f"A writer process of memfit.pack (workers={workers}) died"
-    script = getattr(sys.modules.get("__main__"), "__file__", None)
-    if script and sys.modules["__main__"].__spec__ is None and \
-            "__main__" not in Path(script).read_text(errors="replace"):
-        return (f"{said}: each writer starts by importing {script!r}, which packs again there. "
-                f"Put the script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
-    return f"{said} (killed? out of memory?)."
+    """What to say when a writer process died."""
+    return f"A writer process of memfit.pack (workers={workers}) died (killed? out of memory?)."
 
 
 def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: PackOptions,
