@@ -104,7 +104,10 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
     buffer = 0
     if shuffle:
         left = budget - readers - decoding - prefetch * batch_bytes
-        buffer = int(max(least_buffer, min(samples, left // record_bytes)))
+        buffer = int(min(samples, left // record_bytes))
+        if buffer < samples:            # a window short of an epoch holds whole batches
+            buffer = buffer // batch_size * batch_size
+        buffer = max(least_buffer, buffer)
     estimated = readers + decoding + prefetch * batch_bytes + buffer * record_bytes
     return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
                      steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
