@@ -2,18 +2,23 @@
 pipeline, under memfit's plan (:mod:`memfit.data.read.files.files_plan`). For epoch ``e``::
 
     files, permuted by (seed, e)
-      → interleave: `cycle_length` files read at once, a record from each in turn
-        (TFRecordDataset, CRC32C checked; deterministic)
-      → a shuffle buffer of `window_samples` records, seeded from (seed, e)
-      → batch `batch_size` records → decode the batch (`parallel_batches` at once)
-      → prefetch
+      → interleave: `cycle_length` files read at once, a chunk of 64 records from each in
+        turn (TFRecordDataset, CRC32C checked; deterministic)
+      → windows of `window_samples` records (whole batches), each window's records
+        permuted by (seed, e, window)
+      → batches of `batch_size` cut from the permutation (each record copied once)
+      → decode the batch (`parallel_batches` at once) → prefetch
 
-The order is a pure function of ``(seed, epoch)``: the file order is a stateless shuffle,
-the interleave is deterministic, and the shuffle buffer's seed is derived from them (the
-graph-level seed is fixed inside the epoch's function, so ``tf.random.set_seed`` elsewhere
-does not change it). It is coarser than a packed dataset's: a sample can only meet the
-samples within a buffer's reach of it in the interleaved stream, where packing permutes
-all samples once and the readers mix shards of that permutation.
+Records travel through tf.data a chunk or a window at a time, never one by one: a
+tf.data step per record (a shuffle buffer, ``unbatch``, ``batch``) costs more than
+reading the record.
+
+The order is a pure function of ``(seed, epoch)``: the file order and each window's
+permutation are stateless shuffles seeded from them, and the interleave is deterministic.
+It is coarser than a packed dataset's: a sample only meets the samples of its window (the
+``window_samples`` records around it in the interleaved stream; the whole epoch when the
+budget holds it), where packing permutes all samples once and the readers mix shards of
+that permutation.
 
 Decoding a batch: records built like the first one (same size, same bytes outside the
 values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) have
@@ -85,8 +90,9 @@ class _Steps:
     # -- reading ---------------------------------------------------------------------
     def read_file(self, i: tf.Tensor) -> tf.data.Dataset:
         """``(file index, record index, record)`` of file ``i`` in chunks of
-        :data:`_CHUNK` records, the count checked at its end against the count found when it was opened (``TFRecordDataset`` stops
-        quietly at a damaged record under ``ignore_errors``)."""
+        :data:`_CHUNK` records, the count checked at its end against the count found
+        when it was opened (``TFRecordDataset`` stops quietly at a damaged record under
+        ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
         raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
                                       buffer_size=READ_BUFFER).ignore_errors().batch(_CHUNK)
