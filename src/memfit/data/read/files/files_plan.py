@@ -5,7 +5,8 @@ reader's) and :func:`plan_files` that sizes it.
 The budget pays, in this order: the file readers (``cycle_length`` files at once, each
 with a 256 KiB buffer), the batches decoded in parallel (their records and values), a
 prefetch of up to :data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left
-the shuffle buffer of records (at most one epoch's samples). A bigger budget mixes more.
+the window of records permuted whole (at most one epoch's samples; short of an epoch, whole
+batches). A bigger budget mixes more.
 
 Example:
     >>> plan = plan_files("2 files", 1000, [600, 400], batch_size=100, budget=2**26,
@@ -39,7 +40,7 @@ class FilesPlan:
         path: the files, described; files: how many are read.
         batch_size, samples, steps_per_epoch: as for every plan.
         memory_budget: the budget; estimated_bytes: what the plan holds at most.
-        window_samples: the shuffle buffer, in records (one sample each).
+        window_samples: the window permuted whole, in records (one sample each).
         cycle_length: files read at once (interleaved a record each), by read_threads.
         parallel_batches: batches decoded at once; prefetch_batches: batches ahead.
         seed, epoch, epochs, shuffle, arena_limit: as for every plan.
@@ -65,9 +66,9 @@ class FilesPlan:
     reader: str = "tfrecord files in place"
 
     def __str__(self) -> str:
-        order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved a "
-                 f"record at a time by {self.read_threads} threads, shuffle buffer "
-                 f"{self.window_samples:,} records" if self.shuffle else "stored order")
+        order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved "
+                 f"by {self.read_threads} threads, windows of {self.window_samples:,} "
+                 f"records each permuted whole" if self.shuffle else "stored order")
         return (f"memfit.dataset {self.path} (read in place, not packed): budget "
                 f"{format_size(self.memory_budget)} → {order}, {self.parallel_batches} batches "
                 f"decoded in parallel, prefetch {self.prefetch_batches} batches; about "
@@ -104,7 +105,10 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
     buffer = 0
     if shuffle:
         left = budget - readers - decoding - prefetch * batch_bytes
-        buffer = int(max(least_buffer, min(samples, left // record_bytes)))
+        buffer = int(min(samples, left // record_bytes))
+        if buffer < samples:            # a window short of an epoch holds whole batches
+            buffer = buffer // batch_size * batch_size
+        buffer = max(least_buffer, buffer)
     estimated = readers + decoding + prefetch * batch_bytes + buffer * record_bytes
     return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
                      steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),

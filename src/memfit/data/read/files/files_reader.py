@@ -2,18 +2,23 @@
 pipeline, under memfit's plan (:mod:`memfit.data.read.files.files_plan`). For epoch ``e``::
 
     files, permuted by (seed, e)
-      → interleave: `cycle_length` files read at once, a record from each in turn
-        (TFRecordDataset, CRC32C checked; deterministic)
-      → a shuffle buffer of `window_samples` records, seeded from (seed, e)
-      → batch `batch_size` records → decode the batch (`parallel_batches` at once)
-      → prefetch
+      → interleave: `cycle_length` files read at once, a chunk of 64 records from each in
+        turn (TFRecordDataset, CRC32C checked; deterministic)
+      → windows of `window_samples` records (whole batches), each window's records
+        permuted by (seed, e, window)
+      → batches of `batch_size` cut from the permutation (each record copied once)
+      → decode the batch (`parallel_batches` at once) → prefetch
 
-The order is a pure function of ``(seed, epoch)``: the file order is a stateless shuffle,
-the interleave is deterministic, and the shuffle buffer's seed is derived from them (the
-graph-level seed is fixed inside the epoch's function, so ``tf.random.set_seed`` elsewhere
-does not change it). It is coarser than a packed dataset's: a sample can only meet the
-samples within a buffer's reach of it in the interleaved stream, where packing permutes
-all samples once and the readers mix shards of that permutation.
+Records travel through tf.data a chunk or a window at a time, never one by one: a
+tf.data step per record (a shuffle buffer, ``unbatch``, ``batch``) costs more than
+reading the record.
+
+The order is a pure function of ``(seed, epoch)``: the file order and each window's
+permutation are stateless shuffles seeded from them, and the interleave is deterministic.
+It is coarser than a packed dataset's: a sample only meets the samples of its window (the
+``window_samples`` records around it in the interleaved stream; the whole epoch when the
+budget holds it), where packing permutes all samples once and the readers mix shards of
+that permutation.
 
 Decoding a batch: records built like the first one (same size, same bytes outside the
 values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) have
@@ -84,9 +89,10 @@ class _Steps:
 
     # -- reading ---------------------------------------------------------------------
     def read_file(self, i: tf.Tensor) -> tf.data.Dataset:
-        """``(file index, record index, record)`` of file ``i``, the count checked at
-        its end against the count found when it was opened (``TFRecordDataset`` stops
-        quietly at a damaged record under ``ignore_errors``)."""
+        """``(file index, record index, record)`` of file ``i`` in chunks of
+        :data:`_CHUNK` records, the count checked at its end against the count found
+        when it was opened (``TFRecordDataset`` stops quietly at a damaged record under
+        ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
         raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
                                       buffer_size=READ_BUFFER).ignore_errors().batch(_CHUNK)
@@ -100,10 +106,11 @@ class _Steps:
                 k = tf.size(chunk, out_type=tf.int64)
                 return n + k, (tf.fill([k], i), n + tf.range(k), chunk, is_end)
 
-        # Checked a chunk of records at a time: a step per record costs more than reading.
+        # Checked, and passed on, a chunk of records at a time: a tf.data step per record
+        # costs more than reading it.
         return (marked.scan(tf.constant(0, tf.int64), count)
                 .filter(lambda i, n, r, is_end: tf.logical_not(is_end))
-                .map(lambda i, n, r, is_end: (i, n, r)).unbatch())
+                .map(lambda i, n, r, is_end: (i, n, r)))
 
     def _check_count(self, ok: tf.Tensor, file: tf.Tensor, n: tf.Tensor,
                      records: tf.Tensor) -> tf.Tensor:
@@ -205,19 +212,34 @@ class _Steps:
         if plan.shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
         listing = tf.data.Dataset.from_tensor_slices(order)
-        if plan.shuffle:
-            records = listing.interleave(self.read_file, cycle_length=plan.cycle_length,
-                                         block_length=1, num_parallel_calls=plan.read_threads,
-                                         deterministic=True)
-            buffer_seed = stateless_seed(plan.seed, e, 2)[0] % 0x7FFFFFFF
-            records = records.shuffle(plan.window_samples, seed=buffer_seed,
-                                      reshuffle_each_iteration=False)
-        else:
-            records = listing.flat_map(self.read_file)
-        batches = records.batch(plan.batch_size, drop_remainder=self.drop_remainder)
-        return batches.map(self.decode, num_parallel_calls=plan.parallel_batches,
-                           deterministic=True)
+        if not plan.shuffle:
+            batches = listing.flat_map(self.read_file).rebatch(
+                plan.batch_size, drop_remainder=self.drop_remainder)
+            return batches.map(self.decode, num_parallel_calls=plan.parallel_batches,
+                               deterministic=True)
+        chunks = listing.interleave(self.read_file, cycle_length=plan.cycle_length,
+                                    block_length=1, num_parallel_calls=plan.read_threads,
+                                    deterministic=True)
+        windows = chunks.rebatch(plan.window_samples).enumerate()
+        return windows.flat_map(lambda k, w: self.window_batches(seed_e, k, w))
 
+    def window_batches(self, seed_e: tf.Tensor, k: tf.Tensor,
+                       window: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
+        """The decoded batches of window ``k`` of an epoch, its records permuted by
+        ``(seed, epoch, k)``: each record is copied once, into its batch."""
+        fi, ri, r = window
+        n = tf.shape(r, out_type=tf.int64)[0]
+        seed_k = tf.random.experimental.stateless_fold_in(seed_e, k)
+        perm = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed_k)
+        size = self.plan.batch_size
+        count = n // size if self.drop_remainder else (n + size - 1) // size
+
+        def batch(j: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            p = perm[j * size:(j + 1) * size]
+            return tf.gather(fi, p), tf.gather(ri, p), tf.gather(r, p)
+
+        return tf.data.Dataset.range(count).map(batch).map(
+            self.decode, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
 
 def stream_files(path: Any, batch_size: int, *, features: Sequence[str] | None,
                  memory_budget: str | int, seed: int | None, epoch: int, epochs: int | None,
