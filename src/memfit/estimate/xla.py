@@ -16,8 +16,9 @@ shape gives XLA's memory analysis of that program, without running it:
 On a GPU this is the memory the device's allocator hands out for the step
 (``device.memory_stats()["peak_bytes_in_use"]``), which is what ``memfit share`` caps with
 ``XLA_PYTHON_CLIENT_MEM_FRACTION``. On the CPU the process also holds JAX's runtime and the
-compiler's memory (host RSS), which no buffer assignment shows: that part is the
-**runtime** term, measured, not predicted (docs/estimate.md, "On JAX").
+compiler's memory (host RSS), which no buffer assignment shows: that part is fitted on
+the family panel, per HLO instruction of the compiled step and a constant
+(:data:`XLA_CPU_FIT`; docs/estimate.md, "On JAX", has its figures out of family).
 
 :class:`XlaEstimator` gives the same contract as the TensorFlow estimator
 (:class:`memfit.estimate.estimator.Estimator`): ``total``, ``low``/``high`` (a range),
@@ -46,11 +47,12 @@ from memfit.estimate.model import EstimateError, check_batch_size, check_policy
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, prepare
 from memfit.frameworks import KERAS_EXTRA, require
+from memfit.memory.probe import jax_device_memory
 from memfit.quiet import filtered_stderr, quieted
 from memfit.sizes import format_size, parse_size
 
-__all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "compile_train_step", "compile_step",
-           "training_state", "device_peak"]
+__all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "XLA_CPU_FIT", "compile_train_step",
+           "compile_step", "training_state", "device_peak", "build_optimizer"]
 
 #: The range around the point, per platform: the point's part that is not exact times
 #: ``low``/``high``. On the CPU, the extremes of measured ÷ predicted on that part over the
@@ -115,15 +117,24 @@ class XlaStep:
 
 
 def device_peak() -> int | None:
-    """The device allocator's peak bytes in use in this process (JAX's first local
-    device's ``memory_stats()``), ``None`` where it keeps none (the CPU)."""
-    import jax
+    """The device allocator's peak bytes in use in this process (the highest of JAX's
+    devices, read by the one probe: :func:`memfit.memory.probe.jax_device_memory`),
+    ``None`` where none keeps statistics (the CPU)."""
+    info = jax_device_memory()
+    return max(v["peak"] for v in info.values()) if info else None
 
+
+def build_optimizer(model: Any) -> None:
+    """Builds the optimizer's variables (its slots) where Keras has not yet (it builds them
+    on the first step otherwise): the compiled step takes them as state."""
+    opt = model.optimizer
+    if getattr(opt, "built", False):
+        return
     try:
-        stats = jax.local_devices()[0].memory_stats()
-    except Exception:        # noqa: BLE001 - a backend without statistics
-        return None
-    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+        opt.build(model.trainable_variables)
+    except Exception as e:     # noqa: BLE001
+        raise EstimateError(f"Cannot build the optimizer's variables "
+                            f"({type(e).__name__}: {e}).") from None
 
 
 def _abstract(value: Any) -> Any:
@@ -163,13 +174,14 @@ def compile_step(setup: Setup, batch_size: int) -> tuple[XlaStep, Any]:
         >>> step, program = compile_step(setup, 64)                    # doctest: +SKIP
 
     Args:
-        setup: the model compiled for training (:func:`~memfit.estimate.training.prepare`),
-            its variables built (:func:`~memfit.estimate.training.prepare` builds them).
+        setup: the model compiled for training (:func:`~memfit.estimate.training.prepare`);
+            its optimizer's variables are built here where they are not yet.
         batch_size: samples per step.
     """
     import jax
 
     model = setup.model
+    build_optimizer(model)
     state = jax.tree_util.tree_map(_abstract, training_state(model))
 
     def spec(shape: tuple[int, ...], dtype: str) -> Any:
@@ -236,11 +248,7 @@ class XlaEstimator:
         with quieted(), filtered_stderr():      # JAX's "Unable to initialize backend" lines
             self.setup: Setup = prepare(model, dtype_policy=dtype_policy,
                                         optimizer=optimizer, input_shape=input_shape)
-            try:
-                self.setup.model.optimizer.build(self.setup.model.trainable_variables)
-            except Exception as e:     # noqa: BLE001
-                raise EstimateError(f"Cannot build the optimizer's variables "
-                                    f"({type(e).__name__}: {e}).") from None
+            build_optimizer(self.setup.model)
         m = self.setup.model
         self.weights = param_bytes(m.weights)
         self.slots = param_bytes(list(m.optimizer.variables))
