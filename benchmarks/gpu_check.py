@@ -27,8 +27,8 @@ One call, about five minutes on a GPU. Five parts (``--parts``, all by default):
 ``nomemfit``
     the same four without memfit, at JAX's defaults (75 % of the card taken at start-up).
 
-share and nomemfit run first, each with the card to itself; then the parts that need no card
-to themselves (estimate, search, monitor) side by side. Markdown tables go to standard
+share, nomemfit and search run first, one after another, each with the card to itself; then
+estimate and monitor side by side. Markdown tables go to standard
 output and to ``OUT/gpu_check.md``, the raw figures to ``OUT/gpu_check.json`` (rewritten
 after each part, so a run cut short keeps what it measured). Without a GPU
 (``JAX_PLATFORMS=cpu``, or none visible) every part runs on the CPU and the output says that
@@ -450,9 +450,11 @@ def part_nomemfit(a: argparse.Namespace, work: Path) -> dict:
     return {"table": table, "failed": failed}
 
 
-PARTS = {"estimate": part_estimate, "search": part_search, "monitor": part_monitor,
-         "share": part_share, "nomemfit": part_nomemfit}
-SIDE_BY_SIDE = ("estimate", "search", "monitor")
+PARTS = {"share": part_share, "nomemfit": part_nomemfit, "search": part_search,
+         "estimate": part_estimate, "monitor": part_monitor}
+# The search ran side by side with the panel on the first H200 and did not finish: it runs
+# alone now, after share and nomemfit, before the rest.
+SIDE_BY_SIDE = ("estimate", "monitor")
 TITLES = {"estimate": "XLA's estimate against the device's measured peak (family panel)",
           "search": "find-batch-size on the device, real OOMs",
           "monitor": "MemoryMonitor's device verdicts",
