@@ -3,7 +3,10 @@
 Each attempt runs a few real training steps in a child process; memfit watches the
 child's memory and kills it when it passes --budget (that batch size "does not fit"),
 so this command never runs out of memory itself. The search starts from the estimate
-(`memfit estimate`), brackets the answer with real steps, then bisects.
+(`memfit estimate`): its safe end first, then where the measured peaks say the budget is
+reached, then one trial just past the answer to prove it (3 trials when the estimate is
+close); where that stalls, it bisects. The output lists the trials against the estimate's
+range.
 
 Exit status: 0 when a batch size fits; 1 when none does; 2 on bad input.
 
@@ -31,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", required=True, metavar="SIZE",
                    help="memory the training process may use (2GiB, 512MiB...)")
     p.add_argument("--steps", type=int, default=2, help="training steps per attempt")
-    p.add_argument("--precision", type=float, default=0.0,
-                   help="stop when the answer is known within this fraction (default: 0, "
-                        "exact)")
+    p.add_argument("--precision", type=float, default=0.03,
+                   help="stop when the answer is known within this fraction (default: "
+                        "0.03; 0: exact, to one sample)")
     p.add_argument("--max-trials", type=int, default=10, help="most attempts (default: 10)")
     p.add_argument("--start", type=int, default=None,
                    help="first batch size to try (default: the estimate's)")

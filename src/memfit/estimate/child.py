@@ -203,10 +203,23 @@ def estimate(request: dict) -> None:
                             input_shape=spec.input_shape, device=request.get("device", "cpu"),
                             allocator=request.get("allocator", "default"))
         e = est.at(int(request.get("batch_size") or 1), budget=request.get("budget"))
+        search = _search_hints(est, e) if e.budget is not None else {}
     except EstimateError as err:
         emit(Report.ERROR, kind="input", message=str(err))
         sys.exit(2)
-    emit(Report.RESULT, **e.to_json())
+    emit(Report.RESULT, **e.to_json(), **search)
+
+
+def _search_hints(est: Any, e: Any) -> dict:
+    """What ``find-batch-size`` starts from: the estimate's answers at each end of its range
+    and at the point (largest batch whose low end, point, high end fits the budget), and its
+    bytes a sample near the safe answer (to aim the next trial from a measured peak)."""
+    from memfit.estimate.band import largest_batch
+
+    b = max(1, e.max_batch_size or 1)
+    return {"point_batch_size": largest_batch(est.total, e.budget),
+            "low_batch_size": largest_batch(est.low, e.budget),
+            "bytes_per_sample": (est.total(2 * b) - est.total(b)) / b}
 
 
 def calibrate(request: dict) -> None:

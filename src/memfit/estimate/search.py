@@ -6,9 +6,14 @@ passes the budget is killed and the batch size "does not fit"; so is one that ru
 of memory on its own. This process builds no model and never holds the memory at stake.
 
 The search starts from the estimate (made in a child too): the largest batch size whose
-estimated total fits. It then brackets the answer with real steps — growing by
-``step_factor`` from a batch that fits, shrinking from one that does not — and bisects
-until the bracket is within ``precision`` (or ``max_trials`` children ran).
+high end fits (the safe end of its range). From the peak that trial measured it aims at
+the batch size where the peak reaches the budget (the estimate's bytes a sample, then the
+slope of two measured peaks), 1 % inside, and proves the edge with one trial just past the
+answer within ``precision`` (3 % by default): three children when the estimate is close
+(``tests/estimate/test_batch_search.py`` simulates 400 searches). Where aiming stalls, or
+without an estimate (grow by ``step_factor`` from a batch that fits, shrink from one that
+does not), it bisects until the bracket is within ``precision`` (or ``max_trials``
+children ran).
 
 Example:
     >>> r = find_batch_size("mymodels:make_cnn", "2GiB")          # doctest: +SKIP
@@ -19,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +68,10 @@ class SearchResult:
         batch_size: the largest batch size that ran within the budget (0: none did).
         peak: its measured peak anonymous RSS in bytes (the whole process).
         budget: the budget, in bytes.
-        estimated: the batch size the estimate proposed (the search's start).
+        estimated: the batch size the estimate proposed (the search's start): the
+            largest whose high end fits.
+        estimated_point, estimated_low: the largest batch sizes whose point and low end
+            fit (the other end of the estimate's range), where the estimate gave them.
         smallest_failing: the smallest batch size that did not fit, or ``None`` (then
             ``batch_size`` is only a lower bound: see ``lower_bound``).
         trials: every child run, in order.
@@ -76,6 +85,8 @@ class SearchResult:
     smallest_failing: int | None
     trials: tuple[Trial, ...]
     advice: tuple[str, ...] = ()
+    estimated_point: int | None = None
+    estimated_low: int | None = None
 
     @property
     def lower_bound(self) -> bool:
@@ -107,7 +118,19 @@ class SearchResult:
                     f"estimate said {self.estimated})")
         else:
             head = f"no batch size fits {format_size(self.budget)}"
-        return "\n".join([head, *lines, *(f"  - {a}" for a in self.advice)])
+        return "\n".join([head, *lines, self._against(), *(f"  - {a}" for a in self.advice)])
+
+    def _against(self) -> str:
+        """One line: the trials it took, and the answer against the estimate's range."""
+        said = f"  {len(self.trials)} trial{'s' if len(self.trials) != 1 else ''}; the estimate"
+        if self.estimated_point is not None and self.estimated_low is not None:
+            said += (f"'s range: safe {self.estimated}, point {self.estimated_point}, "
+                     f"optimistic {self.estimated_low}")
+        else:
+            said += f" said {self.estimated}"
+        if self.batch_size and self.estimated:
+            said += f"; the answer is {self.batch_size / self.estimated:.2f}× the safe end"
+        return said
 
 
 def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
@@ -130,7 +153,7 @@ def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
 def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                     dtype_policy: str | None = None, optimizer: str | None = None,
                     input_shape: Any = None, steps: int = 2, device: str = "cpu",
-                    precision: float = 0.0, max_trials: int = 10, step_factor: float = 1.25,
+                    precision: float = 0.03, max_trials: int = 10, step_factor: float = 1.25,
                     start: int | None = None, timeout: float = 900.0,
                     on_trial: Any = None, allocator: str = "default") -> SearchResult:
     """Finds the largest batch size whose real training steps stay within ``budget``.
@@ -151,8 +174,8 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         device: ``"cpu"`` (``"gpu:N"``: children run there; on TensorFlow the budget
             is still host RSS, on JAX it is the device's memory, each child's allocator
             held to it: a batch that does not fit fails with a real device OOM).
-        precision: stop when the bracket is within this fraction of the answer (0:
-            exact, to one sample).
+        precision: stop when the bracket is within this fraction of the answer (default
+            3 %; 0: exact, to one sample).
         max_trials: the most child processes to run.
         step_factor: how fast to grow or shrink while bracketing.
         start: the first batch size to try (default: the estimate's).
@@ -203,11 +226,19 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         return r
 
     search = _Search(measure, max_trials, on_trial)
-    # From the estimate (or a given start) the answer is near: grow by step_factor. With
-    # neither, batch size 1 may be far from it: double until a failure brackets it.
-    near = start is not None or estimated > 0
-    search.bracket(max(1, start if start is not None else estimated),
-                   step_factor if near else max(step_factor, 2.0))
+    slope = float(report.get("bytes_per_sample") or 0)
+    if slope > 0 and (start is not None or estimated > 0):
+        # From the estimate's safe end, jump to where the measured peaks say the budget
+        # is reached (the estimate's slope, then the measured one), and prove the edge
+        # with one failing trial within the precision.
+        search.secant(max(1, start if start is not None else estimated), budget_bytes,
+                      slope, precision, step_factor)
+    else:
+        # Without an estimate, batch size 1 may be far from the answer: double until a
+        # failure brackets it, then bisect.
+        near = start is not None or estimated > 0
+        search.bracket(max(1, start if start is not None else estimated),
+                       step_factor if near else max(step_factor, 2.0))
     search.bisect(precision)
     advice: tuple[str, ...] = ()
     if search.lo == 0:
@@ -217,7 +248,8 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                         peak=search.results[search.lo].peak if search.lo else None,
                         budget=budget_bytes, estimated=estimated,
                         smallest_failing=search.hi, trials=tuple(search.trials),
-                        advice=advice)
+                        advice=advice, estimated_point=report.get("point_batch_size"),
+                        estimated_low=report.get("low_batch_size"))
 
 
 class _Search:
@@ -270,6 +302,72 @@ class _Search:
                 if self.lo or b == 1:
                     break
                 b = max(1, int(b / factor))
+
+    def peak(self, b: int) -> int | None:
+        """The measured peak of batch size ``b`` (tried already), or ``None``."""
+        r = self.results.get(b)
+        return None if r is None else r.peak
+
+    def secant(self, start: int, budget: int, slope: float, precision: float,
+               factor: float) -> None:
+        """From ``start``, aims each trial at the batch size where the peak reaches the
+        budget: the last peak that fitted plus the bytes left over the slope (the
+        estimate's ``slope`` bytes a sample until two trials fitted, then the measured
+        one), 1 % inside. Once the aim is within ``precision`` of the largest batch that
+        fitted, one trial just past it proves the edge (it fails: done). Every aim stays
+        inside the bracket; where the aim stalls, :meth:`bisect` finishes."""
+        b = start
+        while self.trials_left():
+            if self.fits(b):
+                self.lo = max(self.lo, b)
+            else:
+                self.hi = b if self.hi is None else min(self.hi, b)
+            if self.hi is not None and (self.hi - self.lo <= 1 or (
+                    self.lo and (self.hi - self.lo) / self.lo <= precision)):
+                return
+            if not self.lo:
+                if self.hi == 1:
+                    return
+                b = max(1, int(self.hi / factor))       # nothing fitted yet: step down
+                continue
+            b = self._aim(budget, slope, precision)
+            if b is None:
+                return                                   # bisect() finishes
+
+    def _aim(self, budget: int, slope: float, precision: float) -> int | None:
+        """The next batch size to try from the largest that fitted (see :meth:`secant`),
+        or ``None`` where aiming has nothing new to try."""
+        fitted = sorted(x for x, r in self.results.items() if r.fits and r.peak)
+        s = slope
+        # Two measured peaks give the slope only where they are far enough apart for the
+        # run-to-run noise (a few %) not to dominate it.
+        if len(fitted) >= 2 and fitted[-1] - fitted[-2] >= 0.1 * fitted[-1]:
+            measured = (self.peak(fitted[-1]) - self.peak(fitted[-2])) / \
+                (fitted[-1] - fitted[-2])
+            s = measured if 0.5 * slope <= measured <= 2 * slope else slope
+        left = budget - (self.peak(self.lo) or budget)
+        aim = int(self.lo + 0.99 * left / s) if left > 0 else self.lo
+        edge = self.lo + max(1, math.floor(self.lo * precision))    # failing there: done
+        nxt = edge if aim <= edge else aim
+        if self.hi is not None:
+            # Past a failure: the batch just within the precision below it ends the search
+            # if it fits; take it unless the aim is clearly lower.
+            below = math.ceil(self.hi / (1 + precision)) if precision > 0 else self.hi - 1
+            if nxt >= self.hi:
+                # The peaks said the failing batch should have fitted: memory jumped there
+                # (an allocator's region doubling, a kernel's workspace), so the edge is
+                # likely just below it: try there once; after that, or where the bracket
+                # is wide, halve it.
+                failures = sum(not r.fits for r in self.results.values())
+                narrow = below <= self.lo * (1 + 2 * precision) + 1
+                nxt = below if narrow or failures == 1 else (self.lo + self.hi) // 2
+            elif aim >= below * (1 - precision):
+                nxt = below
+            if nxt <= self.lo:
+                nxt = (self.lo + self.hi) // 2
+        if nxt <= self.lo or nxt in self.results:
+            return None
+        return nxt
 
     def bisect(self, precision: float) -> None:
         """Halves the bracket until it is within ``precision`` of the answer (0: one

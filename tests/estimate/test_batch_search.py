@@ -1,0 +1,74 @@
+"""The search's aim, simulated: children stand in as a function of the batch size (a peak
+linear in the batch with run-to-run noise, over budget when it passes the budget), so that
+hundreds of searches run in a second. What a real child measures is tested in
+test_measure_and_search.py and test_jax_estimate.py."""
+
+import random
+import statistics
+
+import pytest
+
+from memfit.estimate.measure import ChildResult
+from memfit.estimate.search import _Search
+
+MIB = 2**20
+
+
+def simulate(rng, *, slope_error, start_error, precision=0.03, noise=0.01, max_trials=10,
+             start_over=0.0):
+    base = rng.uniform(200, 400) * MIB                 # framework + weights
+    per_sample = rng.uniform(0.05, 4) * MIB
+    budget = int(base + per_sample * rng.uniform(64, 4096))
+
+    def peak(b):
+        return base + per_sample * b
+
+    truth = int((budget - base) / per_sample)          # the largest batch that fits
+    while peak(truth + 1) <= budget:
+        truth += 1
+
+    def measure(b):
+        p = int(peak(b) * (1 + rng.uniform(-noise, noise)))
+        if peak(b) > budget:                           # the child is killed past the budget
+            return ChildResult("over-budget", peak=budget + 1)
+        return ChildResult("ok", measured=p - int(base), peak=min(p, budget))
+
+    start = max(1, int(truth * (1 - rng.uniform(0, start_error)) * (1 + start_over)))
+    slope = per_sample * (1 + rng.uniform(-slope_error, slope_error))
+    search = _Search(measure, max_trials, None)
+    search.secant(start, budget, slope, precision, 1.25)
+    search.bisect(precision)
+    return search, truth
+
+
+@pytest.mark.parametrize("slope_error,start_error,median_at_most", [
+    (0.10, 0.15, 3), (0.25, 0.30, 3), (0.50, 0.50, 4)])
+def test_the_search_from_the_estimate_takes_few_children(slope_error, start_error,
+                                                         median_at_most):
+    rng = random.Random(20261204)
+    counts = []
+    for _ in range(200):
+        search, truth = simulate(rng, slope_error=slope_error, start_error=start_error)
+        # never an answer that does not fit, and within 3 % of the largest that does
+        assert 0 < search.lo <= truth
+        assert search.hi is not None and search.hi > truth
+        assert (search.hi - search.lo) / search.lo <= 0.03 or search.hi - search.lo == 1
+        counts.append(len(search.trials))
+    assert statistics.median(counts) <= median_at_most, counts
+    assert max(counts) <= 10
+
+
+def test_an_estimate_above_the_truth_steps_down_then_aims():
+    rng = random.Random(7)
+    for _ in range(50):
+        search, truth = simulate(rng, slope_error=0.1, start_error=0.0, start_over=0.4)
+        assert search.trials[0].status == "over-budget"      # the start did not fit
+        assert 0 < search.lo <= truth < search.hi
+        assert (search.hi - search.lo) / search.lo <= 0.03 or search.hi - search.lo == 1
+
+
+def test_exact_precision_ends_on_neighbours():
+    rng = random.Random(11)
+    search, truth = simulate(rng, slope_error=0.05, start_error=0.05, precision=0.0,
+                             noise=0.0, max_trials=30)
+    assert search.lo == truth and search.hi == truth + 1
