@@ -28,9 +28,7 @@ import gzip
 import math
 import multiprocessing
 import os
-import signal
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -58,7 +56,13 @@ from memfit.data.packing.pack_options import (
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
-from memfit.data.packing.pack_writing import HashingWriter, WritePipe
+from memfit.data.packing.pack_writing import (
+    HashingWriter,
+    WritePipe,
+    die_with_parent,
+    unguarded_script,
+    writer_died,
+)
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
@@ -255,21 +259,6 @@ def _feed_shard(source: ArraySource, indices: np.ndarray, path: Path, k: int,
     pipe.complete(writer, key, writer.finish, writer.seal)
 
 
-def _die_with_parent(parent: int) -> None:
-    """A writer process dies with the pack that started it (Linux): a killed pack must not
-    leave writers that go on renaming shards into place while it is rerun. A pack killed
-    while the writer was still starting (before ``prctl``) is seen by its parent's pid."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:                  # orphaned already: the signal never comes
-        os._exit(1)
-
-
 def _process_job(paths: dict[str, str], variable: list[str], indices: np.ndarray, path: str,
                  k: int, compression: str | None) -> tuple[Shard, int]:
     source = open_source(paths, variable=variable)
@@ -383,7 +372,7 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
     compression = options.compression
     reopen = set(src.paths) == set(src.columns)
     if reopen:
-        unguarded = _unguarded_script()
+        unguarded = unguarded_script()
         if unguarded:
             # Found before a writer starts: each would import the script and pack again
             # (then die, each with its traceback, and leave semaphores behind).
@@ -391,7 +380,7 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
                                f"writer processes: {unguarded}")
         pool: cf.Executor = cf.ProcessPoolExecutor(
             options.workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_die_with_parent, initargs=(os.getpid(),))
+            initializer=die_with_parent, initargs=(os.getpid(),))
     else:
         pool = cf.ThreadPoolExecutor(options.workers)
     variable = [f.name for f in src.features.values() if f.variable]
@@ -413,31 +402,8 @@ def _write_in_parallel(src: ArraySource, out: Path, todo: list[_Job], k: int,
         except BaseException as e:
             pool.shutdown(wait=True, cancel_futures=True)
             if isinstance(e, cf.process.BrokenProcessPool):
-                raise DatasetError(_died(options.workers)) from None
+                raise DatasetError(writer_died(options.workers)) from None
             raise
-
-
-def _unguarded_script() -> str | None:
-    """What is wrong when the ``__main__`` module is a script without a ``__main__`` guard
-    (``None`` when it is not): each writer process starts by importing it (spawn), and so
-    would pack again there."""
-    main = sys.modules.get("__main__")
-    script = getattr(main, "__file__", None)
-    if not script or getattr(main, "__spec__", None) is not None:
-        return None
-    try:
-        text = Path(script).read_text(errors="replace")
-    except OSError:
-        return None
-    if "__main__" in text:
-        return None
-    return (f"each writer starts by importing {script!r}, which packs again there. Put the "
-            f"script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
-
-
-def _died(workers: int) -> str:
-    """What to say when a writer process died."""
-    return f"A writer process of memfit.pack (workers={workers}) died (killed? out of memory?)."
 
 
 def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: PackOptions,

@@ -23,6 +23,8 @@ import hashlib
 import mmap
 import os
 import queue
+import signal
+import sys
 import threading
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -30,7 +32,8 @@ from typing import IO, Any
 
 from memfit.atomic import discard, temporary_name
 
-__all__ = ["HashingWriter", "Committer", "WritePipe", "STAGING_BYTES", "ALIGN"]
+__all__ = ["HashingWriter", "Committer", "WritePipe", "STAGING_BYTES", "ALIGN",
+           "die_with_parent", "unguarded_script", "writer_died"]
 
 STAGING_BYTES = 4 * 2**20       # a HashingWriter's direct writes
 ALIGN = 4096                    # what O_DIRECT needs of addresses, sizes and offsets
@@ -347,3 +350,43 @@ class WritePipe:
         self.committer.close()
         if self.error is not None:
             raise self.error
+
+
+# -- the writer processes of workers > 1 -----------------------------------------------
+
+def die_with_parent(parent: int) -> None:
+    """A writer process dies with the pack that started it (Linux): a killed pack must not
+    leave writers that go on renaming shards into place while it is rerun. A pack killed
+    while the writer was still starting (before ``prctl``) is seen by its parent's pid."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:                  # orphaned already: the signal never comes
+        os._exit(1)
+
+
+def unguarded_script() -> str | None:
+    """What is wrong when the ``__main__`` module is a script without a ``__main__`` guard
+    (``None`` when it is not): each writer process starts by importing it (spawn), and so
+    would pack again there."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if not script or getattr(main, "__spec__", None) is not None:
+        return None
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return None
+    if "__main__" in text:
+        return None
+    return (f"each writer starts by importing {script!r}, which packs again there. Put the "
+            f"script's work under `if __name__ == \"__main__\":`, or pass workers=1.")
+
+
+def writer_died(workers: int) -> str:
+    """What to say when a writer process died."""
+    return f"A writer process of memfit.pack (workers={workers}) died (killed? out of memory?)."
