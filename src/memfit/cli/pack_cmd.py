@@ -11,6 +11,7 @@ examples:
   memfit pack --csv table.csv --label target -o data/table --compression GZIP
   memfit pack --tfrecord 'data/path*.tfrecords' -o data/train   # spec inferred, checked
   memfit pack --images photos/ --image-size 128,128 -o data/photos   # photos/<class>/*.jpg
+  memfit pack --images photos/ --image-size 128,128 --keep-encoded -o data/photos  # small
   memfit pack --parquet table.parquet --label target -o data/table   # needs memfit[parquet]
   memfit pack x=images.npy y=labels.npy -o data/train --overwrite   # replace it, safely
 """
@@ -54,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-corrupt", choices=["raise", "skip"], default="raise",
                    help="with --images: a file that does not decode stops the pack "
                         "(raise, default) or is left out with a warning (skip)")
+    p.add_argument("--keep-encoded", action="store_true",
+                   help="with --images: keep each file's bytes as they are (small shards); "
+                        "memfit.dataset decodes and resizes them in the stream")
     p.add_argument("--format", choices=["tfrecord", "arrays"], default="tfrecord",
                    help="tfrecord: checksummed shards (default); arrays: one .npy file per "
                         "split and feature, read memory-mapped with a global shuffle")
@@ -100,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     # a parent that reset it may not have.
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if args.keep_encoded and not args.images:
+        raise DatasetError("--keep-encoded applies to --images FOLDER only (image files "
+                           "kept encoded). Received: --keep-encoded without --images")
     given = [bool(args.inputs), bool(args.csv), bool(args.parquet), bool(args.tfrecord),
              bool(args.images)]
     if sum(given) != 1:
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                   parquet=args.parquet, tfrecord=tfrecord, images=args.images,
                   image_size=args.image_size,
                   crop_to_aspect_ratio=args.crop_to_aspect_ratio, on_corrupt=args.on_corrupt,
+                  keep_encoded=args.keep_encoded,
                   label=args.label, variable=args.variable, shards=args.shards,
                   shard_size=args.shard_size, samples_per_record=args.samples_per_record,
                   compression=None if args.compression == "none" else args.compression,

@@ -40,13 +40,13 @@ from memfit.atomic import write_text_atomic
 from memfit.data.format.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 
-__all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestBase", "ManifestSchema",
-           "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES", "check_dtype",
-           "check_feature_name", "manifest_file", "shard_name"]
+__all__ = ["Feature", "EncodedImage", "Shard", "Split", "Manifest", "ManifestBase",
+           "ManifestSchema", "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES",
+           "check_dtype", "check_feature_name", "manifest_file", "shard_name"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2             # the newest this memfit reads; 2 = a feature has "decode"
 # Dtypes that tf.io.decode_raw can turn back into tensors.
 SUPPORTED_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
                     "int64", "float16", "float32", "float64", "complex64", "complex128")
@@ -103,16 +103,60 @@ def shard_name(split: str, index: int, count: int, compression: str | None) -> s
 
 
 @dataclasses.dataclass(frozen=True)
+class EncodedImage:
+    """How a feature of encoded image files (``pack(images=..., keep_encoded=True)``) is
+    decoded in the stream: ``tf.io.decode_image(channels=3, expand_animations=False)``,
+    Keras's centred crop when ``crop_to_aspect_ratio``, ``tf.image.resize`` bilinear to
+    ``(height, width)``, rounded to uint8. ``largest`` is the ``(height, width)`` of the
+    packed image with the most pixels (what one decode holds, for the byte budget).
+
+    Example:
+        >>> e = EncodedImage(128, 96, False, (256, 256))
+        >>> EncodedImage.from_json(e.to_json()) == e, e.decoded_bytes
+        (True, 36864)
+    """
+
+    height: int
+    width: int
+    crop_to_aspect_ratio: bool
+    largest: tuple[int, int]
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of one decoded, resized image (uint8, height × width × 3)."""
+        return self.height * self.width * 3
+
+    @property
+    def work_bytes(self) -> int:
+        """Bytes one decode holds at its peak: the largest image decoded (and cropped),
+        the float32 resize and the uint8 result."""
+        return 2 * self.largest[0] * self.largest[1] * 3 + 5 * self.decoded_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "image", "size": [self.height, self.width], "channels": 3,
+                "interpolation": "bilinear", "crop_to_aspect_ratio": self.crop_to_aspect_ratio,
+                "largest": list(self.largest), "dtype": "uint8"}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> EncodedImage:
+        (h, w), (lh, lw) = doc["size"], doc["largest"]
+        return cls(int(h), int(w), bool(doc["crop_to_aspect_ratio"]), (int(lh), int(lw)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Feature:
     """One feature of a sample: its dtype, per-sample shape and on-disk encoding.
 
     ``shape`` is the shape of one sample; a ``None`` first dimension marks a
-    variable-shape feature, stored with its per-sample lengths.
+    variable-shape feature, stored with its per-sample lengths. ``decode`` (an
+    :class:`EncodedImage`) marks a variable uint8 feature whose samples are encoded
+    image files, decoded and resized in the stream.
     """
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]
+    decode: EncodedImage | None = None
 
     @property
     def variable(self) -> bool:
@@ -137,7 +181,8 @@ class Feature:
         return None if self.variable else self.itemsize * math.prod(self.inner_shape)
 
     def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        doc = {"dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        return doc if self.decode is None else {**doc, "decode": self.decode.to_json()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +308,8 @@ class Manifest(ManifestBase[Split]):
     # -- (de)serialisation ---------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
-            **self.common_json(FORMAT, FORMAT_VERSION,
+            **self.common_json(FORMAT, 2 if any(f.decode for f in self.features.values())
+                               else 1,
                                samples_per_record=self.samples_per_record,
                                compression=self.compression),
             "features": {n: f.to_json() for n, f in self.features.items()},
@@ -278,7 +324,12 @@ class Manifest(ManifestBase[Split]):
                        "consecutive samples. A feature is one bytes_list value: the block's "
                        "values in C order, little-endian (tf.io.decode_raw, then reshape to "
                        "[-1, *shape]). A feature whose shape starts with null is variable: "
-                       "'<name>/lengths' (int64_list) gives each sample's first dimension."),
+                       "'<name>/lengths' (int64_list) gives each sample's first dimension. "
+                       "A feature with 'decode' (kind image) holds each sample's encoded "
+                       "image file (JPEG/PNG/GIF/BMP) as its bytes: decode it with "
+                       "tf.io.decode_image(channels=3, expand_animations=False) and resize "
+                       "it with tf.image.resize(size, 'bilinear') (after the centred crop "
+                       "when crop_to_aspect_ratio), rounded to uint8."),
         }
 
     @classmethod
@@ -488,8 +539,26 @@ class ManifestSchema:
                 raise self.error(f"{where}.shape", shape,
                                  "a list of positive integers"
                                  + (" (the first may be null)" if variable else ""))
-            out[name] = Feature(name, dtype, tuple(shape))
+            out[name] = Feature(name, dtype, tuple(shape), self.decoding(f, where))
         return out
+
+    def decoding(self, f: dict[str, Any], where: str) -> EncodedImage | None:
+        """A feature's ``decode`` object (encoded images), checked; ``None`` if absent."""
+        doc = f.get("decode")
+        if doc is None:
+            return None
+        try:
+            if doc.get("kind") != "image" or f.get("dtype") != "uint8" \
+                    or f.get("shape") != [None]:
+                raise ValueError
+            e = EncodedImage.from_json(doc)
+            if min(e.height, e.width, *e.largest) < 1:
+                raise ValueError
+            return e
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise self.error(f"{where}.decode", doc, "an encoded image's decoding "
+                             "({\"kind\": \"image\", \"size\": [h, w], ...}) of a "
+                             "uint8 feature of shape [null]") from None
 
 
 def _passes(check: Callable[..., Any], value: Any, **rules: Any) -> bool:

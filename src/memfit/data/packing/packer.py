@@ -118,7 +118,7 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
          parquet: str | os.PathLike | None = None,
          images: str | os.PathLike | None = None, image_size: Any = None,
          crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
-         variable: Iterable[str] = (),
+         keep_encoded: bool = False, variable: Iterable[str] = (),
          shards: int | None = None, shard_size: str | int | None = None,
          samples_per_record: int | None = None, compression: str | None = None,
          split: str | Mapping[str, float] | None = None, seed: int = 0, shuffle: bool = True,
@@ -160,6 +160,12 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
             pack, naming it, and nothing is left) or ``"skip"`` (every file is decoded
             once ahead; those that do not decode are left out with one warning line, and
             the manifest's ``source`` counts and names them).
+        keep_encoded: with ``images``: store each file's bytes as they are (JPEG, PNG,
+            GIF, BMP) instead of the decoded image, so shards stay small; every file is
+            decoded once, only to check it. ``memfit.dataset`` decodes and resizes them
+            in the stream (``tf.io.decode_image`` + bilinear ``tf.image.resize`` to
+            ``image_size``), inside its byte budget; the manifest's ``image`` feature has
+            a ``decode`` entry saying so.
         variable: features whose first dimension varies between samples.
         shards: the number of shards per split (exclusive with ``shard_size``).
         shard_size: the target size of one shard, e.g. ``"256MiB"``.
@@ -190,6 +196,10 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     started = time.perf_counter()
     inputs = {"csv": csv, "parquet": parquet, "tfrecord": tfrecord, "images": images}
     out = _check_call(source, output, inputs, label, image_size)
+    if keep_encoded and images is None:
+        raise DatasetError(f"keep_encoded applies to images only (a folder of image files "
+                           f"kept encoded). Received: keep_encoded={keep_encoded!r}, "
+                           f"images=None")
     options = PackOptions.of(shards=shards, shard_size=shard_size,
                              samples_per_record=samples_per_record, compression=compression,
                              split=split, seed=seed, shuffle=shuffle, workers=workers,
@@ -210,7 +220,7 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     try:
         src = _open(source, inputs, csv_dir, label, options,
                     dict(image_size=image_size, crop_to_aspect_ratio=crop_to_aspect_ratio,
-                         on_corrupt=on_corrupt))
+                         on_corrupt=on_corrupt, keep_encoded=keep_encoded))
         fingerprint = options.fingerprint(src)
         if replacing:
             manifest, kept = _replace(src, out, options, fingerprint, progress, swapped,

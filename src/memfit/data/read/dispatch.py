@@ -253,6 +253,12 @@ def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[st
         return plan_blocks(manifest, split, batch_size, budget, names=names, shards=shards,
                            cap_arenas=cap_arenas, **order)
     if backend != "tensorflow" and importlib.util.find_spec("tensorflow") is None:
+        if any(f.decode is not None for f in manifest.features.values()):
+            raise FrameworkMissingError(
+                f"memfit.dataset: {where} holds images kept encoded, which only tf.data "
+                f"decodes, and TensorFlow is not installed (Keras runs on {backend}): pack "
+                f"the folder without --keep-encoded (keep_encoded=False), or pip install "
+                f"'memfit[{TENSORFLOW_EXTRA}]'")
         raise FrameworkMissingError(
             f"memfit.dataset: {where} needs TensorFlow's TFRecord reader ({why}), and "
             f"TensorFlow is not installed (Keras runs on {backend}): repack it with "

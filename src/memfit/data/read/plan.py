@@ -86,6 +86,8 @@ class DatasetPlan:
         reader_note: why the TF reader was chosen, when it was not asked for; with the
             block reader, how samples reach their batch rows
             (:func:`memfit.data.read.blocks.block_layout.reads_into_batches`).
+        decode_calls: images decoded at once (features kept encoded at pack time; 0:
+            nothing to decode); decode_note: what is decoded, and to what.
     """
 
     path: str
@@ -108,6 +110,8 @@ class DatasetPlan:
     arena_limit: int | None = None
     reader: str = "tf"
     reader_note: str = ""
+    decode_calls: int = 0
+    decode_note: str = ""
 
     def __str__(self) -> str:
         if self.reader == "blocks":
@@ -125,10 +129,12 @@ class DatasetPlan:
         order = (f"shuffle window {self.window_records} records ({self.window_samples:,} "
                  f"samples)" if self.shuffle else "stored order")
         note = f" (tf.data's TFRecord reader: {self.reader_note})" if self.reader_note else ""
+        decodes = (f"then decodes {self.decode_note} in {self.decode_calls} parallel calls, "
+                   if self.decode_calls else "")
         return (f"memfit.dataset {self.path} [{self.split}]{note}: budget "
                 f"{format_size(self.memory_budget)} → {order}, {self.cycle_length} shards read "
                 f"at once by {self.read_threads} threads, {self.parallel_windows} windows "
-                f"decoded in parallel, prefetch {self.prefetch_batches} batches; about "
+                f"decoded in parallel, {decodes}prefetch {self.prefetch_batches} batches; about "
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
 
 

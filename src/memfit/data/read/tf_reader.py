@@ -9,6 +9,13 @@ when ``reader="tf"`` is asked for. For epoch ``e``::
       → permute the window's samples by (seed, e, window)
       → rebatch to `batch_size` → prefetch
 
+Features packed as encoded image files (``pack(images=..., keep_encoded=True)``: a
+``decode`` entry in the manifest) are cut out of their blocks as one string a sample, and
+after the permutation each sample is decoded (``tf.io.decode_image``, channels=3, first
+frame), cropped as Keras crops when the pack asked for it, resized with bilinear
+``tf.image.resize`` and rounded to uint8, in ``decode_calls`` parallel calls, then
+batched.
+
 Every random choice uses stateless ops seeded from ``(seed, epoch, ...)``
 (:func:`stateless_seed`), so the order is a pure function of them. A shard with fewer
 readable records than the manifest says (damaged, truncated, or its file gone) raises
@@ -32,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from memfit.data.format.manifest import Manifest, Shard
+from memfit.data.format.manifest import EncodedImage, Manifest, Shard
 from memfit.data.format.records import LENGTHS_SUFFIX
 from memfit.data.read.feeder import epochs_dataset
 from memfit.data.read.pipeline_tail import finish, warn_skipped
@@ -69,18 +76,29 @@ def plan_tf(manifest: Manifest, split: str, batch_size: int, budget: int, *,
     k = manifest.samples_per_record
     sample_bytes = manifest.sample_bytes(split)
     record_bytes = sample_bytes * k
-    batch_bytes = sample_bytes * batch_size
+    images = [f.decode for f in manifest.features.values() if f.decode is not None]
+    # Batches hold decoded images: the encoded bytes' mean plus the decoded size (an
+    # upper bound); each decode call holds its largest image and the resize.
+    out_bytes = sample_bytes + sum(e.decoded_bytes for e in images)
+    batch_bytes = out_bytes * batch_size
+    per_call = sum(e.work_bytes for e in images)
     cycle = max(1, min(files, MAX_CYCLE)) if shuffle else 1
     readers = cycle * (_READ_BUFFER + 2 * record_bytes)
     parallel = max(1, min(2, cores))
-    need_min = readers + _WINDOW_COPIES * record_bytes * (parallel + 1) + 2 * batch_bytes
+    need_min = readers + _WINDOW_COPIES * record_bytes * (parallel + 1) + 2 * batch_bytes \
+        + per_call
     if budget < need_min:
+        decoded = f" (decoded: {format_size(out_bytes)})" if images else ""
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to stream batches of "
-            f"{batch_size} samples of {format_size(sample_bytes)} (records of {k} samples): it "
-            f"needs at least {format_size(need_min)}. Raise memory_budget or lower batch_size. "
-            f"Received: memory_budget={budget}")
+            f"{batch_size} samples of {format_size(sample_bytes)}{decoded} (records of {k} "
+            f"samples): it needs at least {format_size(need_min)}. Raise memory_budget or "
+            f"lower batch_size. Received: memory_budget={budget}")
     spare = budget - readers - 2 * batch_bytes
+    calls = 0
+    if images:              # up to a core each, from at most a quarter of what is left
+        calls = int(max(1, min(cores, (spare - per_call) // 4 // per_call + 1)))
+        spare -= calls * per_call
     window_bytes = min(spare / (_WINDOW_COPIES * (parallel + 1)),
                        max(_WINDOW_CAP, 2 * batch_bytes))
     window_records = int(max(1, min(window_bytes // record_bytes, manifest.split(split).records)))
@@ -88,7 +106,10 @@ def plan_tf(manifest: Manifest, split: str, batch_size: int, budget: int, *,
         window_records = max(1, min(window_records, math.ceil(batch_size / k)))
     in_windows = _WINDOW_COPIES * record_bytes * window_records * (parallel + 1)
     prefetch = int(max(1, min(MAX_PREFETCH, (spare - in_windows) // max(batch_bytes, 1))))
-    estimated = readers + in_windows + (prefetch + 1) * batch_bytes
+    estimated = readers + in_windows + (prefetch + 1) * batch_bytes + calls * per_call
+    note = ", ".join(f"{f.name} (encoded → {f.decode.height}x{f.decode.width}x3 uint8, "
+                     f"largest {f.decode.largest[0]}x{f.decode.largest[1]})"
+                     for f in manifest.features.values() if f.decode is not None)
     return DatasetPlan(path=str(manifest.path), split=split, batch_size=batch_size,
                        samples=samples,
                        steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
@@ -97,7 +118,7 @@ def plan_tf(manifest: Manifest, split: str, batch_size: int, budget: int, *,
                        window_samples=window_records * k, cycle_length=cycle,
                        read_threads=min(cycle, cores), parallel_windows=parallel,
                        prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
-                       shuffle=shuffle)
+                       shuffle=shuffle, decode_calls=calls, decode_note=note)
 
 
 def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Tensor:
@@ -120,6 +141,34 @@ def _decode_values(blocks: tf.Tensor, dtype_name: str, variable: bool) -> tf.Ten
         flat = tf.cond(tf.reduce_min(lengths) == tf.reduce_max(lengths),
                        lambda: tf.reshape(tf.io.decode_raw(blocks, raw_type), [-1]), joined)
     return flat if raw_type == dtype else tf.bitcast(flat, dtype)
+
+
+def _encoded_samples(blocks: tf.Tensor, lengths: tf.SparseTensor) -> tf.Tensor:
+    """One string a sample, cut out of each record's block of encoded files (sample
+    ``i`` of a record is its bytes ``[sum(lengths[:i]), sum(lengths[:i + 1]))``)."""
+    lengths = tf.RaggedTensor.from_sparse(lengths)
+    starts = tf.math.cumsum(lengths, axis=1, exclusive=True)
+    dense = lengths.to_tensor()
+    cut = tf.strings.substr(blocks[:, None], starts.to_tensor(), dense)
+    return tf.boolean_mask(cut, tf.sequence_mask(lengths.row_lengths(), tf.shape(dense)[1]))
+
+
+def _decode_image(encoded: tf.Tensor, spec: EncodedImage) -> tf.Tensor:
+    """One encoded image decoded as the packer decodes it: RGB (an animation's first
+    frame), Keras's centred crop when asked, bilinear resize, rounded to uint8."""
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    size = (spec.height, spec.width)
+    if spec.crop_to_aspect_ratio:           # keras's smart_resize crop, in float64 as there
+        shape = tf.cast(tf.shape(image)[:2], tf.float64)
+        h, w = shape[0], shape[1]
+        ch = tf.maximum(tf.minimum(h, tf.floor(w * size[0] / size[1])), 1.0)
+        cw = tf.maximum(tf.minimum(w, tf.floor(h * size[1] / size[0])), 1.0)
+        top, left = tf.floor((h - ch) / 2), tf.floor((w - cw) / 2)
+        box = tf.cast(tf.stack([top, left, ch, cw]), tf.int32)
+        image = image[box[0]:box[0] + box[2], box[1]:box[1] + box[3]]
+    resized = tf.image.resize(image, size, method="bilinear")
+    out = tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+    return tf.ensure_shape(out, (*size, 3))
 
 
 def _literal_pattern(path: str) -> str:
@@ -220,10 +269,13 @@ class _Steps:
 
     def decode(self, seed_e: tf.Tensor, index: tf.Tensor, records: tf.Tensor) -> dict:
         """A window of records parsed and decoded, its samples permuted by
-        ``(seed, e, window)`` when shuffling."""
+        ``(seed, e, window)`` when shuffling (encoded images: one string a sample)."""
         parsed = tf.io.parse_example(records, self.spec)
         out = {}
         for name, f in self.feats.items():
+            if f.decode is not None:
+                out[name] = _encoded_samples(parsed[name], parsed[name + LENGTHS_SUFFIX])
+                continue
             values = tf.reshape(_decode_values(parsed[name], f.dtype, f.variable),
                                 [-1, *f.inner_shape])
             if f.variable:
@@ -257,7 +309,17 @@ class _Steps:
         windows = records.batch(plan.window_records).enumerate()
         decoded = windows.map(lambda i, r: self.decode(stateless_seed(seed, e, 1), i, r),
                               num_parallel_calls=plan.parallel_windows, deterministic=True)
-        return decoded.rebatch(plan.batch_size, drop_remainder=self.drop_remainder)
+        images = {n: f.decode for n, f in self.feats.items() if f.decode is not None}
+        if not images:
+            return decoded.rebatch(plan.batch_size, drop_remainder=self.drop_remainder)
+
+        def decode_images(sample: dict) -> dict:
+            return {n: _decode_image(v, images[n]) if n in images else v
+                    for n, v in sample.items()}
+
+        return (decoded.unbatch()
+                .map(decode_images, num_parallel_calls=plan.decode_calls, deterministic=True)
+                .batch(plan.batch_size, drop_remainder=self.drop_remainder))
 
 
 def build(manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,

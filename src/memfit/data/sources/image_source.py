@@ -11,6 +11,12 @@ frame) on a thread per core and resized as Keras resizes them: TensorFlow's bili
 centred crop to the target's aspect ratio with ``crop_to_aspect_ratio``. Keras keeps the
 float32 result; memfit rounds it to uint8.
 
+With ``keep_encoded`` the ``image`` feature is each file's bytes as they are on disk (a
+variable uint8 feature whose :class:`~memfit.data.format.manifest.EncodedImage` says how
+the stream decodes it): every file is decoded once before anything is written, only to
+check that it decodes and to find the largest image, and :func:`decode_image` is the
+decode + resize a reader without TensorFlow would use.
+
 Example:
     >>> import tempfile
     >>> from PIL import Image
@@ -39,14 +45,16 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.format.manifest import Feature
+from memfit.data.format.manifest import EncodedImage, Feature
 from memfit.data.sources.columns import ArraySource, Columns
 from memfit.errors import DatasetError
 
 __all__ = ["ImageFolderSource", "open_images", "list_images", "resize_bilinear",
-           "parse_image_size", "IMAGE_FORMATS"]
+           "parse_image_size", "load_image", "decode_image", "check_image", "IMAGE_FORMATS"]
 
 IMAGE_FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")     # Keras's allow-list
+# What tf.io.decode_image reads, as Pillow names it: a kept file must be one of them.
+ENCODED_FORMATS = ("BMP", "GIF", "JPEG", "PNG")
 
 
 def parse_image_size(value: Any) -> tuple[int, int]:
@@ -137,8 +145,9 @@ def _crop_box(height: int, width: int, size: tuple[int, int]) -> tuple[int, int,
     return int(float(height - ch) / 2), int(float(width - cw) / 2), ch, cw
 
 
-def load_image(path: str, size: tuple[int, int], crop: bool) -> np.ndarray:
-    """One image decoded (RGB), cropped if asked and resized: uint8 ``(h, w, 3)``.
+def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
+    """One image file (a path or a binary file object) decoded (RGB), cropped if asked and
+    resized: uint8 ``(h, w, 3)``.
 
     Raises:
         OSError, ValueError: Pillow's error for a file that does not decode.
@@ -157,6 +166,40 @@ def load_image(path: str, size: tuple[int, int], crop: bool) -> np.ndarray:
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
+def decode_image(encoded: bytes | np.ndarray, size: tuple[int, int], crop: bool) -> np.ndarray:
+    """An encoded image file's bytes decoded and resized as the packer does
+    (:func:`load_image`): uint8 ``(h, w, 3)``.
+
+    Example:
+        >>> import io
+        >>> from PIL import Image
+        >>> buf = io.BytesIO(); Image.new("RGB", (8, 6), (1, 2, 3)).save(buf, "PNG")
+        >>> decode_image(buf.getvalue(), (2, 2), False)[1, 1].tolist()
+        [1, 2, 3]
+    """
+    import io
+
+    return load_image(io.BytesIO(memoryview(encoded).cast("B")), size, crop)
+
+
+def check_image(path: str, encoded: bool) -> tuple[int, int]:
+    """Decodes a file once (the first frame), only to check it: its ``(height, width)``.
+
+    Raises:
+        OSError, ValueError: for a file that does not decode, or (``encoded``) one that
+            ``tf.io.decode_image`` would not read.
+    """
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.seek(0)
+        im.load()
+        if encoded and im.format not in ENCODED_FORMATS:
+            raise ValueError(f"a {im.format} file, which tf.io.decode_image does not read: "
+                             f"pack without keep_encoded (--keep-encoded)")
+        return im.height, im.width
+
+
 class ImageFolderSource(ArraySource):
     """Images in class sub-folders, decoded and resized when the packer reads them.
 
@@ -172,13 +215,17 @@ class ImageFolderSource(ArraySource):
             ``"skip"``: every file is decoded once ahead, those that do not decode are
             left out, named in one warning line and counted in the manifest.
         workers: decoding threads (default: one per core).
+        keep_encoded: keep each file's bytes as they are (``image`` is then a variable
+            uint8 feature, decoded in the stream); every file is decoded once ahead,
+            only to check it (a file that does not decode stops the pack before anything
+            is written, or is skipped with ``on_corrupt="skip"``).
     """
 
     random_access = True
 
     def __init__(self, folder: str | os.PathLike, image_size: Any, *,
                  crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
-                 workers: int | None = None):
+                 workers: int | None = None, keep_encoded: bool = False):
         if on_corrupt not in ("raise", "skip"):
             raise DatasetError(f"on_corrupt must be 'raise' or 'skip'. "
                                f"Received: on_corrupt={on_corrupt!r}")
@@ -187,15 +234,20 @@ class ImageFolderSource(ArraySource):
         self.crop = bool(crop_to_aspect_ratio)
         self.workers = workers or os.cpu_count() or 1
         self.class_names, files = list_images(folder)
+        self.keep_encoded = bool(keep_encoded)
         self.skipped: list[str] = []
-        if on_corrupt == "skip":
-            files = self._decodable(files)
+        self.largest = (0, 0)
+        if on_corrupt == "skip" or self.keep_encoded:
+            files = self._decodable(files, skip=on_corrupt == "skip")
         self.files = [p for p, _ in files]
         self.labels = np.array([label for _, label in files], np.int64)
         self.length = len(self.files)
         self.paths: dict[str, str] = {}                       # nothing to memory-map
-        self.features = {"image": Feature("image", "uint8", (*self.size, 3)),
-                         "label": Feature("label", "int64", ())}
+        image = Feature("image", "uint8", (*self.size, 3))
+        if self.keep_encoded:
+            image = Feature("image", "uint8", (None,),
+                            EncodedImage(*self.size, self.crop, self.largest))
+        self.features = {"image": image, "label": Feature("label", "int64", ())}
         self.columns: Columns = dict.fromkeys(self.features)  # names only: see take
         crop = ", crop_to_aspect_ratio" if self.crop else ""
         skipped = f"; skipped {len(self.skipped)} files that do not decode: " \
@@ -203,25 +255,35 @@ class ImageFolderSource(ArraySource):
         self.description = (f"images {self.folder} ({self.length:,} files, classes "
                             f"{json.dumps(self.class_names)} → label 0..."
                             f"{len(self.class_names) - 1}; image_size {self.size[0]}x"
-                            f"{self.size[1]}, bilinear{crop}{skipped})")
+                            f"{self.size[1]}, bilinear{crop}"
+                            f"{', kept encoded' if self.keep_encoded else ''}{skipped})")
 
-    def _decodable(self, files: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """The files that decode (each decoded once, in parallel); the others are named
-        in one warning line."""
-        def ok(path: str) -> str | None:
+    def _decodable(self, files: list[tuple[str, int]], skip: bool) -> list[tuple[str, int]]:
+        """The files that decode (each decoded once, in parallel; the largest's size kept);
+        the others stop the pack (naming the first), or with ``skip`` are named in one
+        warning line."""
+        sizes = []
+
+        def ok(path: str) -> tuple[str, str] | None:
             try:
-                load_image(path, (1, 1), False)
+                if self.keep_encoded:
+                    sizes.append(check_image(path, True))
+                else:
+                    load_image(path, (1, 1), False)
                 return None
             except (OSError, ValueError, SyntaxError) as e:
-                return f"{path} ({e})"
+                return path, str(e)
 
         with cf.ThreadPoolExecutor(self.workers) as pool:
             problems = list(pool.map(ok, [p for p, _ in files]))
+        self.largest = max(sizes, key=lambda hw: (hw[0] * hw[1], hw), default=(1, 1))
+        if not skip and any(problems):
+            raise self._undecodable(*next(b for b in problems if b))
         self.skipped = [p for (p, _), bad in zip(files, problems, strict=True) if bad]
         if not self.skipped:
             return files
         kept = [f for f, bad in zip(files, problems, strict=True) if not bad]
-        shown = "; ".join(b for b in problems if b)
+        shown = "; ".join(f"{b[0]} ({b[1]})" for b in problems if b)
         if len(shown) > 500:
             shown = shown[:497] + "..."
         print(f"memfit: WARNING: skipped {len(self.skipped)} of {len(files)} images "
@@ -235,19 +297,29 @@ class ImageFolderSource(ArraySource):
         """The images at ``indices``, decoded and resized on ``workers`` threads."""
         indices = np.asarray(indices, np.int64)
 
+        if self.keep_encoded:                       # the files' bytes, as they are
+            with cf.ThreadPoolExecutor(self.workers) as pool:
+                images = list(pool.map(lambda i: np.fromfile(self.files[i], np.uint8),
+                                       indices.tolist()))
+            return {"image": images, "label": self.labels[indices]}
+
         def one(i: int) -> np.ndarray:
             try:
                 return load_image(self.files[i], self.size, self.crop)
             except (OSError, ValueError, SyntaxError) as e:
-                raise DatasetError(f"Image {self.files[i]!r} does not decode ({e}). Delete "
-                                   f"or replace it, or pack with on_corrupt='skip' "
-                                   f"(--on-corrupt skip) to leave it out.") from None
+                raise self._undecodable(self.files[i], str(e)) from None
 
         images = np.empty((len(indices), *self.size, 3), np.uint8)
         with cf.ThreadPoolExecutor(self.workers) as pool:
             for row, img in enumerate(pool.map(one, indices.tolist())):
                 images[row] = img
         return {"image": images, "label": self.labels[indices]}
+
+    @staticmethod
+    def _undecodable(path: str, why: str) -> DatasetError:
+        return DatasetError(f"Image {path!r} does not decode ({why}). Delete or replace it, "
+                            f"or pack with on_corrupt='skip' (--on-corrupt skip) to leave it "
+                            f"out.")
 
     def release_pages(self) -> None:
         """Nothing is memory-mapped."""
@@ -263,8 +335,9 @@ class ImageFolderSource(ArraySource):
 
 def open_images(folder: str | os.PathLike, image_size: Sequence[int] | str, *,
                 crop_to_aspect_ratio: bool = False, on_corrupt: str = "raise",
-                workers: int | None = None) -> ImageFolderSource:
+                workers: int | None = None, keep_encoded: bool = False) -> ImageFolderSource:
     """A folder of images in class sub-folders opened as a source (see the module
     docstring); the arguments are :class:`ImageFolderSource`'s."""
     return ImageFolderSource(folder, image_size, crop_to_aspect_ratio=crop_to_aspect_ratio,
-                             on_corrupt=on_corrupt, workers=workers)
+                             on_corrupt=on_corrupt, workers=workers,
+                             keep_encoded=keep_encoded)

@@ -112,6 +112,9 @@ def why_not(manifest: Manifest, shards: Sequence[Shard]) -> str | None:
     """
     if manifest.compression:
         return f"the shards are {manifest.compression}-compressed"
+    encoded = [f.name for f in manifest.features.values() if f.decode is not None]
+    if encoded:
+        return f"features {encoded} are image files kept encoded, decoded by tf.data"
     variable = [f.name for f in manifest.features.values() if f.variable]
     if variable:
         return f"features {variable} have a variable shape"
