@@ -57,6 +57,9 @@ IMAGE_FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")     # Keras's allow-li
 ENCODED_FORMATS = ("BMP", "GIF", "JPEG", "PNG")
 
 
+_CHECK_CHUNK = 512          # files checked at once (see ImageSource._decodable)
+
+
 def parse_image_size(value: Any) -> tuple[int, int]:
     """``(height, width)`` from ``"128,128"`` or a pair of positive integers.
 
@@ -274,8 +277,13 @@ class ImageFolderSource(ArraySource):
             except (OSError, ValueError, SyntaxError) as e:
                 return path, str(e)
 
+        paths = [p for p, _ in files]
+        problems: list[tuple[str, str] | None] = []
         with cf.ThreadPoolExecutor(self.workers) as pool:
-            problems = list(pool.map(ok, [p for p, _ in files]))
+            # A chunk at a time: pool.map submits every item at once, a future a file, so
+            # the check's memory would grow with the folder.
+            for start in range(0, len(paths), _CHECK_CHUNK):
+                problems += pool.map(ok, paths[start:start + _CHECK_CHUNK])
         self.largest = max(sizes, key=lambda hw: (hw[0] * hw[1], hw), default=(1, 1))
         if not skip and any(problems):
             raise self._undecodable(*next(b for b in problems if b))
