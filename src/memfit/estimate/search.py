@@ -10,7 +10,7 @@ high end fits (the safe end of its range). From the peak that trial measured it 
 the batch size where the peak reaches the budget (the estimate's bytes a sample, then the
 slope of two measured peaks), 1 % inside, and proves the edge with one trial just past the
 answer within ``precision`` (3 % by default): three children when the estimate is close
-(``tests/estimate/test_batch_search.py`` simulates 400 searches). Where aiming stalls, or
+(``tests/estimate/test_batch_search.py`` simulates 200 searches a row). Where aiming stalls, or
 without an estimate (grow by ``step_factor`` from a batch that fits, shrink from one that
 does not), it bisects until the bracket is within ``precision`` (or ``max_trials``
 children ran).
