@@ -15,10 +15,14 @@ MIB = 2**20
 
 
 def simulate(rng, *, slope_error, start_error, precision=0.03, noise=0.01, max_trials=10,
-             start_over=0.0):
+             start_over=0.0, flat=False):
     base = rng.uniform(200, 400) * MIB                 # framework + weights
     per_sample = rng.uniform(0.05, 4) * MIB
     budget = int(base + per_sample * rng.uniform(64, 4096))
+    if flat:      # a wide MLP: weights, slots and Adam's update are nearly all of it
+        base = rng.uniform(900, 1400) * MIB
+        per_sample = rng.uniform(0.05, 0.4) * MIB
+        budget = int(base + per_sample * rng.uniform(100, 300))
 
     def peak(b):
         return base + per_sample * b
@@ -33,7 +37,8 @@ def simulate(rng, *, slope_error, start_error, precision=0.03, noise=0.01, max_t
             return ChildResult("over-budget", peak=budget + 1)
         return ChildResult("ok", measured=p - int(base), peak=min(p, budget))
 
-    start = max(1, int(truth * (1 - rng.uniform(0, start_error)) * (1 + start_over)))
+    start = 1 if flat else max(1, int(truth * (1 - rng.uniform(0, start_error))
+                                      * (1 + start_over)))
     slope = per_sample * (1 + rng.uniform(-slope_error, slope_error))
     search = _Search(measure, max_trials, None)
     search.secant(start, budget, slope, precision, 1.25)
@@ -72,3 +77,22 @@ def test_exact_precision_ends_on_neighbours():
     search, truth = simulate(rng, slope_error=0.05, start_error=0.05, precision=0.0,
                              noise=0.0, max_trials=30)
     assert search.lo == truth and search.hi == truth + 1
+
+
+def test_an_estimate_of_zero_starts_from_batch_one_and_aims():
+    # The estimate's high end is above the budget even at batch size 1 (issue 27's wide
+    # MLP: the fixed part is ~1 GiB, a sample ~0.2 MiB, and the run-to-run noise of a
+    # peak is as large as the whole batch's share). find_batch_size then starts the
+    # secant at 1, not a doubling from 1 (1, 2, 4, ... 256: 9 children before the
+    # bisection; a median of 14 children in this simulation), and steps down by the
+    # factor, not to just below, after a failure aimed with the estimate's slope alone.
+    rng = random.Random(27)
+    counts = []
+    for _ in range(100):
+        search, truth = simulate(rng, slope_error=0.3, start_error=0.0, flat=True,
+                                 max_trials=12)
+        assert search.trials[0].batch_size == 1
+        assert 0 < search.lo <= truth < search.hi
+        assert (search.hi - search.lo) / search.lo <= 0.03 or search.hi - search.lo == 1
+        counts.append(len(search.trials))
+    assert statistics.median(counts) <= 7, counts

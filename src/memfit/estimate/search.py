@@ -227,10 +227,13 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
 
     search = _Search(measure, max_trials, on_trial)
     slope = float(report.get("bytes_per_sample") or 0)
-    if slope > 0 and (start is not None or estimated > 0):
+    if slope > 0:
         # From the estimate's safe end, jump to where the measured peaks say the budget
         # is reached (the estimate's slope, then the measured one), and prove the edge
-        # with one failing trial within the precision.
+        # with one failing trial within the precision. Where not even batch size 1 is
+        # safe by the estimate (a model whose weights, slots and optimizer update are
+        # most of the budget: the wide MLP of issue 27), batch size 1 is the first trial:
+        # it says whether anything fits, and its peak is where the aim starts from.
         search.secant(max(1, start if start is not None else estimated), budget_bytes,
                       slope, precision, step_factor)
     else:
@@ -271,6 +274,7 @@ class _Search:
         self.results: dict[int, ChildResult] = {}
         self.lo = 0                       # the largest batch size that fits (0: none yet)
         self.hi: int | None = None        # the smallest that does not
+        self.factor = 1.25                # the step down after a failure aimed far off
 
     def fits(self, b: int) -> bool:
         """Whether batch size ``b`` ran within the budget (a child, the first time)."""
@@ -316,6 +320,7 @@ class _Search:
         one), 1 % inside. Once the aim is within ``precision`` of the largest batch that
         fitted, one trial just past it proves the edge (it fails: done). Every aim stays
         inside the bracket; where the aim stalls, :meth:`bisect` finishes."""
+        self.factor = factor
         b = start
         while self.trials_left():
             if self.fits(b):
@@ -341,13 +346,20 @@ class _Search:
         s = slope
         # Two measured peaks give the slope only where they are far enough apart for the
         # run-to-run noise (a few %) not to dominate it.
-        if len(fitted) >= 2 and fitted[-1] - fitted[-2] >= 0.1 * fitted[-1]:
+        from_peaks = len(fitted) >= 2 and fitted[-1] - fitted[-2] >= 0.1 * fitted[-1]
+        if from_peaks:
             measured = (self.peak(fitted[-1]) - self.peak(fitted[-2])) / \
                 (fitted[-1] - fitted[-2])
             s = measured if 0.5 * slope <= measured <= 2 * slope else slope
         left = budget - (self.peak(self.lo) or budget)
         aim = int(self.lo + 0.99 * left / s) if left > 0 else self.lo
         edge = self.lo + max(1, math.floor(self.lo * precision))    # failing there: done
+        if aim <= edge and self.hi is not None and self.hi > edge * (1 + precision) + 1 \
+                and any(r.fits for b, r in self.results.items() if b > 1 and b < self.lo):
+            # The peaks say the budget is reached, yet a failure is far above: the peaks'
+            # run-to-run noise is as large as what is left (memory nearly flat in the
+            # batch). Creeping up by the precision would take many children: bisect.
+            return None
         nxt = edge if aim <= edge else aim
         if self.hi is not None:
             # Past a failure: the batch just within the precision below it ends the search
@@ -361,6 +373,11 @@ class _Search:
                 failures = sum(not r.fits for r in self.results.values())
                 narrow = below <= self.lo * (1 + 2 * precision) + 1
                 nxt = below if narrow or failures == 1 else (self.lo + self.hi) // 2
+                if not from_peaks and not narrow and self.lo * self.factor < self.hi:
+                    # The failure was aimed with the estimate's slope alone (one peak
+                    # known, far below): that slope was off, not the memory jumping;
+                    # step down by the factor, as without an estimate.
+                    nxt = int(self.hi / self.factor)
             elif aim >= below * (1 - precision):
                 nxt = below
             if nxt <= self.lo:
