@@ -18,7 +18,7 @@ venv: $(STAMP)
 # Ray cluster, are made once): 21.5 min instead of 28 on the 2-core machine, with other work.
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
