@@ -80,6 +80,23 @@ def test_jpeg_decodes_close_to_tensorflow(tmp_path):
     assert diff.mean() < 1.5 and diff.max() <= 8
 
 
+@pytest.mark.parametrize("shape, size", [((480, 640, 3), (128, 128)),
+                                         ((333, 517, 3), (128, 96)),
+                                         ((37, 21, 1), (128, 96)), ((1, 5, 3), (3, 3))])
+def test_resize_is_tensorflows_bilinear_bit_for_bit(shape, size):
+    import tensorflow as tf
+
+    from memfit.data.sources.image_source import resize_bilinear
+
+    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    ours = resize_bilinear(image, size)
+    theirs = tf.image.resize(image, size, "bilinear").numpy()
+    assert ours.dtype == np.float32 and np.array_equal(ours, theirs)
+    strided = image[::2, ::3]                                 # a view, not contiguous
+    assert np.array_equal(resize_bilinear(strided, size),
+                          tf.image.resize(strided, size, "bilinear").numpy())
+
+
 def _digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.iterdir())}

@@ -134,9 +134,15 @@ def resize_bilinear(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     h, w = size
     y0, y1, wy = _axis_weights(image.shape[0], h)
     x0, x1, wx = _axis_weights(image.shape[1], w)
-    img = image.astype(np.float32)
-    top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * wx[None, :, None]
-    bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * wx[None, :, None]
+    # The four neighbours gathered first (in the input's dtype), only then made float32:
+    # the same values and operations as converting the whole image first, at the
+    # output's size instead of the input's (a 640x480 photo to 128x128: ~7x less work).
+    rows0, rows1 = image.take(y0, axis=0), image.take(y1, axis=0)
+    a, b = rows0.take(x0, axis=1).astype(np.float32), rows0.take(x1, axis=1).astype(np.float32)
+    c, d = rows1.take(x0, axis=1).astype(np.float32), rows1.take(x1, axis=1).astype(np.float32)
+    wx = wx[None, :, None]
+    top = a + (b - a) * wx
+    bottom = c + (d - c) * wx
     return top + (bottom - top) * wy[:, None, None]
 
 
@@ -159,7 +165,7 @@ def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
 
     with Image.open(path) as im:
         im.seek(0)
-        rgb = np.asarray(im.convert("RGB"))
+        rgb = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))  # no copy if RGB
     if crop:
         top, left, ch, cw = _crop_box(rgb.shape[0], rgb.shape[1], size)
         rgb = rgb[top:top + ch, left:left + cw]
