@@ -3,9 +3,10 @@ pass, and each record's frame header, tags and CRC32C checked.
 
 A window's order is decided before it is read (:mod:`memfit.data.read.blocks.block_reader`), so each
 sample's destination is known: with memfit's C loop
-(:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each record is read into a
-staging buffer that stays in the CPU cache, its CRC32C checked there, and each sample's values
-copied to its batch row, one call per window without the GIL; without it, a run of
+(:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each record is read with one
+``preadv`` straight to its pieces (each sample's values to its batch row) and its CRC32C
+checked over them while they are in the CPU cache, one call per window without the GIL (a
+read that comes back short goes through a staging buffer); without it, a run of
 consecutive records is read with one ``os.preadv`` that scatters each feature's bytes
 into a contiguous per-feature scratch buffer (reused from call to call), the CRC32C is
 computed over the pieces in place (:func:`memfit.data.format.records.crc32c_spans`), and the
@@ -215,8 +216,9 @@ class RecordReads:
         to side buffers, each sample's values where ``to`` says (the I/O vectors are
         built with NumPy, no Python object per piece). With memfit's C loop
         (:func:`~memfit.data.read.blocks.block_layout.reads_into_batches`) each record is read
-        into a staging buffer, its CRC32C computed there while it is in the CPU cache, and its
-        pieces copied out. Without it, each run of consecutive records of a shard is one
+        with one ``preadv`` straight into its pieces and its CRC32C computed over them while
+        they are in the CPU cache (read short: again through the staging buffer, then copied
+        out). Without it, each run of consecutive records of a shard is one
         ``preadv`` straight into the pieces (merged where they continue one another in
         memory, as a record's samples in a scratch buffer do), and the CRC32C is computed
         in place afterwards. Then the headers and tags are compared with what the layout

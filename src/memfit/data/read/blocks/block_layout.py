@@ -81,10 +81,11 @@ def record_layout(features: Sequence[Feature], samples: int) -> RecordLayout:
 def reads_into_batches(dtypes: Sequence[Any]) -> bool:
     """Whether the block reader reads each sample of these (little-endian) dtypes straight
     into its batch row: it needs memfit's C loop (``memfit.data.format.cwindow``, built at
-    install where a C compiler is found), which reads each record into a staging buffer
-    that stays in the CPU cache, checks its CRC32C there and copies each sample to its
-    row, and no byte swapping. Otherwise records are read into scratch buffers in order
-    and their samples gathered into batches afterwards: two more trips through memory.
+    install where a C compiler is found), which reads each record with one ``preadv``
+    straight to its pieces (each sample to its row) and checks its CRC32C over them while
+    they are in the CPU cache, and no byte swapping. Otherwise records are read into
+    scratch buffers in order and their samples gathered into batches afterwards: two more
+    trips through memory.
 
     Example:
         >>> reads_into_batches(["<f4", "<i8"]) == (records.NATIVE is not None)
