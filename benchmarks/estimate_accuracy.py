@@ -214,12 +214,12 @@ def fit(cases: list, measured: dict, features: dict) -> str:
             rows.setdefault(name, []).append((features[key], measured[key]["measured"]))
     every = [r for rs in rows.values() for r in rs]
 
-    constants = fitting.fit(every)
+    constants = fitting.fit(every, under=0.05)
     bare = {**constants, "margin": 0.0}
     errs, errs_bare = fitting.errors(every, constants), fitting.errors(every, bare)
     lomo, lomo_bare = [], []
     for name in rows:
-        c = fitting.fit([r for n, rs in rows.items() if n != name for r in rs])
+        c = fitting.fit([r for n, rs in rows.items() if n != name for r in rs], under=0.05)
         lomo += fitting.errors(rows[name], c)
         lomo_bare += fitting.errors(rows[name], {**c, "margin": 0.0})
     mean, under = fitting.mean_abs, fitting.under_share

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -86,28 +87,44 @@ def save(path: Path, cache: dict) -> None:
     os.replace(tmp, path)
 
 
-def measure(cases: list[dict], cache: dict, path: Path, steps: int) -> None:
-    """Measures every case not in the cache, saving after each."""
+def runs_of(entry: dict) -> list[int]:
+    """Every measurement of a case (older caches hold one, as ``measured``)."""
+    if entry.get("status") != "ok":
+        return []
+    return list(entry.get("runs") or ([entry["measured"]] if entry.get("measured") else []))
+
+
+def measure(cases: list[dict], cache: dict, path: Path, steps: int, repeats: int = 1) -> None:
+    """Measures every case until it has ``repeats`` measurements (each in a fresh child),
+    saving after each; a case's ``measured`` is the median of its runs, ``runs`` all of
+    them. The cases are taken round by round, so a stopped run leaves every case with as
+    many measurements as the others, give or take one."""
     from memfit.estimate.measure import measure_training
 
-    todo = [c for c in cases if c["key"] not in cache["measured"]]
-    for i, c in enumerate(todo, 1):
-        t = time.time()
-        # "fixed/onednn-off": the same allocator policy, children without oneDNN.
-        os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
-        if c["allocator"].endswith(ONEDNN_OFF):
-            os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-        r = measure_training(f"{MODELS}:{c['model']}", c["batch"], dtype_policy=c["dtype"],
-                             input_shape=c["shape"], steps=steps,
-                             allocator=c["allocator"].removesuffix(ONEDNN_OFF))
-        cache["measured"][c["key"]] = {
-            "status": r.status, "measured": r.measured, "family": c["family"],
-            "steps": steps, "message": r.message[-500:], "seconds": round(r.seconds, 1),
-            "step_peaks": r.report.get("step_peaks")}
-        save(path, cache)
-        print(f"[{i}/{len(todo)}] measured {c['key']}: {r.status} "
-              f"{(r.measured or 0) / 2**20:.1f} MiB ({time.time() - t:.0f} s)",
-              file=sys.stderr, flush=True)
+    for round_ in range(1, repeats + 1):
+        todo = [c for c in cases if len(runs_of(cache["measured"].get(c["key"], {}))) < round_
+                and cache["measured"].get(c["key"], {}).get("status", "ok") == "ok"]
+        for i, c in enumerate(todo, 1):
+            t = time.time()
+            # "fixed/onednn-off": the same allocator policy, children without oneDNN.
+            os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
+            if c["allocator"].endswith(ONEDNN_OFF):
+                os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+            r = measure_training(f"{MODELS}:{c['model']}", c["batch"], dtype_policy=c["dtype"],
+                                 input_shape=c["shape"], steps=steps,
+                                 allocator=c["allocator"].removesuffix(ONEDNN_OFF))
+            before = runs_of(cache["measured"].get(c["key"], {}))
+            runs = [*before, r.measured] if r.status == "ok" and r.measured else before
+            cache["measured"][c["key"]] = {
+                "status": "ok" if runs else r.status,
+                "measured": int(statistics.median(runs)) if runs else r.measured,
+                "runs": runs, "family": c["family"], "steps": steps,
+                "message": r.message[-500:], "seconds": round(r.seconds, 1),
+                "step_peaks": r.report.get("step_peaks")}
+            save(path, cache)
+            print(f"[round {round_}, {i}/{len(todo)}] measured {c['key']}: {r.status} "
+                  f"{(r.measured or 0) / 2**20:.1f} MiB ({time.time() - t:.0f} s)",
+                  file=sys.stderr, flush=True)
 
 
 def predict(cases: list[dict], cache: dict, path: Path) -> None:
@@ -153,18 +170,98 @@ def plays_of(batch: int) -> list[int]:
     return out
 
 
+def shipped(case: dict) -> dict:
+    """The constants the estimator ships for a case's policy, precision and kernels."""
+    from memfit.estimate.fitted import FITTED
+
+    policy = case["allocator"]
+    kernels = ("tensorflow" if policy.endswith(ONEDNN_OFF)
+               else "onednn-16bit" if case["dtype"].startswith("mixed") else "onednn-float32")
+    return FITTED[policy.removesuffix(ONEDNN_OFF)][kernels]
+
+
 def rows_of(cases: list[dict], cache: dict) -> list[dict]:
-    """Every case with both a measurement and a prediction: its relative error."""
+    """Every case with both a measurement and a prediction: its relative error, with the
+    constants the estimator ships now (the cached features and plays, played again
+    only with ``--repredict``)."""
     out = []
     for c in cases:
         m, p = cache["measured"].get(c["key"], {}), cache["predicted"].get(c["key"], {})
-        if m.get("status") == "ok" and m.get("measured") and "model_bytes" in p:
-            out.append({**c, "measured": m["measured"], "predicted": p["model_bytes"],
+        if m.get("status") == "ok" and m.get("measured") and "features" in p:
+            constants = shipped(c)
+            point_ = fitting.predict_from_features(p["features"], constants)
+            held_ = max(fitting.predict_from_features(f, constants)
+                        for f in p.get("plays") or [p["features"]])
+            out.append({**c, "measured": m["measured"], "predicted": point_,
                         "features": p["features"], "plays": p.get("plays"),
-                        "error": (p["model_bytes"] - m["measured"]) / m["measured"],
-                        "ratio": m["measured"] / p["model_bytes"],
-                        "ratio_held": m["measured"] / p.get("held", p["model_bytes"])})
+                        "spread": spread(runs_of(m)),
+                        "error": (point_ - m["measured"]) / m["measured"],
+                        "ratio": m["measured"] / point_,
+                        "ratio_held": m["measured"] / held_})
     return out
+
+
+def spread(runs: list[int]) -> float | None:
+    """``(max - min) / median`` of a case's measurements (``None`` with fewer than 2)."""
+    return (max(runs) - min(runs)) / statistics.median(runs) if len(runs) > 1 else None
+
+
+def batch_answers(cases: list[dict], constants: dict | None, high: float) -> list[dict]:
+    """The estimate's largest batch for a budget of each case's measured memory, ÷ that
+    case's batch size (the largest batch known to fit that budget): what
+    ``Estimator.max_batch_size`` answers, judged on the panel. The high end is known at the
+    model's three panel batch sizes; between and beyond them it is taken as linear in
+    the batch (the play's buffers are), so this is the estimator's answer to within that
+    interpolation (``estimate_vs_search.py`` asks the estimator itself)."""
+    models: dict = {}
+    for r in cases:
+        models.setdefault((r["model"], r["dtype"]), []).append(r)
+    out = []
+    for rs in models.values():
+        rs = sorted(rs, key=lambda r: r["batch"])
+        if len(rs) < 2:
+            continue
+        pts = [(r["batch"], banded(r, held(r, constants), high)) for r in rs]
+        for r in rs:
+            out.append({"model": r["model"], "batch": r["batch"], "family": r["family"],
+                        "ratio": largest_under(pts, r["measured"]) / r["batch"]})
+    return out
+
+
+def slopes(cases: list[dict], constants: dict | None) -> list[float]:
+    """Per model (and dtype): the memory a sample adds, measured ÷ predicted, between its
+    smallest and largest panel batch sizes. The batch answer is as good as this ratio:
+    the fixed part (weights, slots, runtime) is nearly exact, and a budget's batch-
+    dependent share is what the estimate divides by the predicted bytes a sample."""
+    models: dict = {}
+    for r in cases:
+        models.setdefault((r["model"], r["dtype"]), []).append(r)
+    out = []
+    for rs in models.values():
+        rs = sorted(rs, key=lambda r: r["batch"])
+        lo, hi = rs[0], rs[-1]
+        predicted = held(hi, constants) - held(lo, constants)
+        if len(rs) > 1 and predicted > 0:
+            out.append((hi["measured"] - lo["measured"]) / predicted)
+    return out
+
+
+def largest_under(points: list[tuple[int, float]], budget: float) -> int:
+    """The largest whole batch whose high end, linear between ``points`` (and extended
+    from the nearest two beyond them), is within ``budget``: 0 when not even 1 is."""
+    def at(b: float) -> float:
+        i = 1 if b <= points[1][0] or len(points) == 2 else len(points) - 1
+        (b0, h0), (b1, h1) = points[i - 1], points[i]
+        return h0 + (h1 - h0) * (b - b0) / (b1 - b0)
+    if at(1) > budget:
+        return 0
+    lo, hi = 1, 2
+    while at(hi) <= budget and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
+    return lo
 
 
 def band(rows: list[dict], constants: dict | None = None) -> tuple[float, float]:
@@ -223,10 +320,9 @@ def kfold(rows: list[dict], refit: bool = True) -> dict[str, dict]:
         c = fitting.fit([(r["features"], r["measured"]) for r in train]) if refit else None
         lo, hi = band(train, c)
         errs = [point(r, c) / r["measured"] - 1 for r in test]
-        bare = [point(r, {**c, "margin": 0.0} if c else None) / r["measured"] - 1
-                for r in test]
         out[family] = {"constants": c, "low": lo, "high": hi, "cases": len(test),
-                       "errors": errs, "bare": bare,
+                       "errors": errs, "answers": batch_answers(test, c, hi),
+                       "slopes": slopes(test, c),
                        "above_high": sum(r["measured"] > banded(r, held(r, c), hi)
                                          for r in test),
                        "below_low": sum(r["measured"] < banded(r, point(r, c), lo)
@@ -288,14 +384,22 @@ def kfold_lines(folds: dict[str, dict], rows: list[dict], refit: bool = True) ->
     lines = [f"### out of family (k-fold by family: {chosen} chosen on the others)",
              "", "| held-out family | cases | mean relative error | under-estimated | "
              "band (× predicted) | above the high end | below the low end | "
-             "worst above high |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+             "worst above high | max batch ÷ batch that fits: median (worst) | "
+             "memory a sample adds, measured ÷ predicted |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
     for family, f in folds.items():
+        ratios = sorted(a["ratio"] for a in f["answers"])
         lines.append(f"| {family} | {f['cases']} | {fitting.mean_abs(f['errors']) * 100:.1f} % | "
                      f"{sum(e < 0 for e in f['errors'])} | {f['low']:.3f} – {f['high']:.3f} | "
                      f"{f['above_high']} | {f['below_low']} | "
-                     f"{_pct(max(f['worst_above'], 0.0))} |")
+                     f"{_pct(max(f['worst_above'], 0.0))} | "
+                     f"{statistics.median(ratios) if ratios else float('nan'):.2f} "
+                     f"({ratios[0] if ratios else float('nan'):.2f}) | "
+                     f"{min(f['slopes'], default=float('nan')):.2f} – "
+                     f"{max(f['slopes'], default=float('nan')):.2f} |")
     errs = [e for f in folds.values() for e in f["errors"]]
-    bare = [e for f in folds.values() for e in f["bare"]]
+    answers = sorted(a["ratio"] for f in folds.values() for a in f["answers"])
+    spreads = sorted(r["spread"] for r in rows if r.get("spread") is not None)
     n = len(errs)
     above = sum(f["above_high"] for f in folds.values())
     below = sum(f["below_low"] for f in folds.values())
@@ -305,9 +409,16 @@ def kfold_lines(folds: dict[str, dict], rows: list[dict], refit: bool = True) ->
                   f"from {_pct(min(errs))} to {_pct(max(errs))}; {above} cases "
                   f"({above / max(n, 1) * 100:.1f} %) measured above the high end (where "
                   f"\"fits\" would have invited an out-of-memory), {below} below the low "
-                  f"end.** Without the margin (each fold's): mean relative error "
-                  f"{fitting.mean_abs(bare) * 100:.1f} %, under-estimated "
-                  f"{fitting.under_share(bare) * 100:.1f} %.", ""]
+                  f"end.** Measurement spread ((max - min) / median of each case's runs): "
+                  + (f"median {statistics.median(spreads) * 100:.1f} %, largest "
+                     f"{spreads[-1] * 100:.1f} % over {len(spreads)} cases measured more "
+                     f"than once." if spreads else "no case measured more than once.")
+                  + (f" The estimate's largest batch for a budget of a case's measured "
+                     f"memory ÷ that case's batch: median {statistics.median(answers):.2f}, "
+                     f"10th percentile {answers[len(answers) // 10]:.2f}, worst "
+                     f"{answers[0]:.2f}; above 1 in {sum(a > 1 for a in answers)} of "
+                     f"{len(answers)}; 0 in {sum(a == 0 for a in answers)}."
+                     if answers else ""), ""]
     if not refit:
         lo, hi = band(rows)
         return [*lines, f"The shipped constants, band on every family (for `BANDS`): "
@@ -315,7 +426,7 @@ def kfold_lines(folds: dict[str, dict], rows: list[dict], refit: bool = True) ->
     c = fitting.fit([(r["features"], r["measured"]) for r in rows])
     lo, hi = band(rows, c)
     every = [point(r, c) / r["measured"] - 1 for r in rows]
-    shown = {k: round(v, 6) if k in ("heap", "mmap", "margin") else round(v)
+    shown = {k: round(v, 6) if k in ("heap", "mmap", "pool", "margin") else round(v)
              for k, v in c.items()}
     lines += [f"Chosen on every family (in panel, not a result): constants {shown} "
               f"(`FITTED`), band {lo:.4f} – {hi:.4f} (`BANDS`); in-panel mean relative "
@@ -338,6 +449,9 @@ def main() -> None:
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--quick", action="store_true", help="one batch size (the middle one)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measurements per case, each in a fresh child (the median is the "
+                        "case's truth, the spread is reported beside every error)")
     p.add_argument("--measure-only", action="store_true", help="measure, do not predict")
     p.add_argument("--report-only", action="store_true",
                    help="no measuring: predict and report what the cache holds")
@@ -360,7 +474,7 @@ def main() -> None:
         for c in cases:
             cache["predicted"].pop(c["key"], None)
     if not args.report_only:
-        measure(cases, cache, args.cache, args.steps)
+        measure(cases, cache, args.cache, args.steps, args.repeat)
     if args.measure_only:
         return
     predict([c for c in cases if c["key"] in cache["measured"]], cache, args.cache)

@@ -3,8 +3,9 @@ cases, shared by ``estimate_accuracy.py --fit`` and ``estimate_families.py --kfo
 
 A case is ``(features, measured)``: :meth:`memfit.estimate.Estimator.features` at its batch
 size and the measured ``model_bytes``. :func:`fit` solves least squares on relative
-error, then searches for the constants with the smallest mean relative error once the
-margin keeps at most ``under`` of the cases under-estimated.
+error, then searches for the constants with the smallest mean relative error (the
+point prediction is the best estimate, with no margin: the range's high end is what
+keeps an answer safe).
 
     >>> rows = [({"exact": 10, "peak": 5, "heap": 5, "mmap": 0, "pool": 0, "one": 1, "ops": 2},
     ...          40),
@@ -47,18 +48,22 @@ def margin_for(errs: list[float], under: float = 0.05) -> float:
     return math.ceil(margin * 1e4) / 1e4      # as printed, still covers case k
 
 
-def fit(rows: list[Row], under: float = 0.05) -> dict:
+def fit(rows: list[Row], under: float | None = None) -> dict:
     """The constants for ``rows``: a pattern search (:func:`_search`), from least squares
     on relative error and from the two best points of a coarse grid, for the constants
-    whose mean relative error is smallest once the margin keeps the under-estimates at
-    ``under`` -- the issue's target, rather than the squared error.
+    whose mean relative error is smallest -- the issue's target, rather than the squared
+    error. With ``under`` (a share), a margin is added to the whole so that at most that
+    share of the cases stays under-estimated (the estimator shipped so until issue 27);
+    without it (the default) the point is the best estimate, margin 0, and safety is the
+    band's high end alone (``estimate_families.band``).
 
     A buffer costs at least its size: ``heap`` and ``mmap`` scales stay at 1 or more
     (below, the estimate's floor -- the live peak itself -- would take over and hide the
     constant), and ``one`` and ``ops`` stay at 0 or more (a runtime never gives memory).
     """
     def score(c: dict) -> tuple[float, dict]:
-        c = {**c, "margin": margin_for(errors(rows, {**c, "margin": 0.0}), under)}
+        c = {**c, "margin": 0.0 if under is None
+             else margin_for(errors(rows, {**c, "margin": 0.0}), under)}
         errs = errors(rows, c)
         return sum(abs(e) for e in errs) / max(len(errs), 1), c
 

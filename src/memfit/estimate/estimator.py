@@ -17,9 +17,10 @@ The estimate is the sum of parts a user can act on:
   threshold fixed at 128 KiB: less memory, kept more predictably);
 * **runtime**: what TensorFlow and Keras allocate for a model beyond its tensors — the
   traced graph, the instantiated function and its kernels — per op of the step;
-* **safety margin**: a share of the rest, so that at most 5 % of the fitting cases are
-  under-estimated; the last three are fitted per policy and kernels
-  (:data:`~memfit.estimate.fitted.FITTED`);
+* **safety margin**: a share of the rest; 0 with oneDNN's kernels (the point prediction
+  is the best estimate, and the range's high end is what keeps an answer safe), kept
+  for TensorFlow's own kernels, whose constants come from the first panel; the last
+  three are fitted per policy and kernels (:data:`~memfit.estimate.fitted.FITTED`);
 * **baseline**: the framework itself (``import tensorflow``), from ``memfit calibrate``.
 
 ``model_bytes`` (all but the baseline) predicts what ``measure_training`` measures;

@@ -54,7 +54,8 @@ class Estimate:
             docstring).
         runtime: the traced graph, function and kernels, per op (fitted).
         margin: the fitted safety margin (a share of the rest, see
-            :data:`memfit.estimate.fitted.FITTED`).
+            :data:`memfit.estimate.fitted.FITTED`): 0 with oneDNN's kernels, whose point
+            prediction is the best estimate (the range's high end is what is safe).
         allocator_policy: the allocator policy predicted: ``"default"`` (glibc as it
             comes) or ``"fixed"`` (glibc's mmap threshold fixed at 128 KiB; see
             :mod:`memfit.memory.allocator`).
@@ -158,7 +159,7 @@ class Estimate:
                 ("allocator retention (glibc, oneDNN)", self.allocator),
                 ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                 ("runtime (graph, kernels)", self.runtime),
-                ("safety margin", self.margin),
+                *([("safety margin", self.margin)] if self.margin else []),
                 (f"framework baseline ({self.baseline_source})", self.baseline)]
 
     def to_json(self) -> dict:
