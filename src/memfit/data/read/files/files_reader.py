@@ -21,9 +21,11 @@ budget holds it), where packing permutes all samples once and the readers mix sh
 that permutation.
 
 Decoding a batch: records built like the first one (same size, same bytes outside the
-values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) have
-their values cut out at fixed offsets and decoded in one ``decode_raw`` per feature;
-``int64`` lists go through ``tf.io.parse_example``. A batch with any other record is
+values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) are
+turned into one ``uint8`` row each (one ``decode_raw`` for the batch), their shared bytes
+compared with the first record's at once, and each feature's columns reinterpreted as its
+dtype (``bitcast``, no string per record); ``int64`` lists go through
+``tf.io.parse_example``. A batch with any other record is
 decoded in Python by the pack's own code
 (:func:`~memfit.data.sources.tfrecord_source.decode_payload`),
 each such record checked first (:class:`~memfit.data.sources.tfrecord_source.SpecCheck`):
@@ -32,13 +34,13 @@ record. So does a damaged record (a bad CRC32C, a file cut short), unless
 ``on_corrupt="skip"``.
 
 Example:
-    >>> _raw_dtype("uint32"), _raw_dtype("float32")
-    (tf.int32, tf.float32)
+    >>> ds = memfit.dataset("data/path*.tfrecords", 256)        # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -64,11 +66,6 @@ _GRAPH_SEED = 0x6D656D66          # "memf": the epoch function's graph-level see
 _CHUNK = 64                       # records read and counted at a time
 
 
-def _raw_dtype(name: str) -> tf.DType:
-    """What ``decode_raw`` decodes ``name`` as (it has no unsigned 32/64-bit output)."""
-    return {"uint32": tf.int32, "uint64": tf.int64}.get(name, tf.as_dtype(name))
-
-
 class _Steps:
     """The pipeline's steps over one set of files (see the module docstring)."""
 
@@ -86,6 +83,11 @@ class _Steps:
         self.layout = layout if layout is not None and all(
             f.kind in ("tensor", "float_list", "int64_list") for f in files.spec.values()) \
             else None
+        if self.layout is not None:             # the bytes every record shares, and where
+            at = np.concatenate([np.arange(a, b) for a, b in self.layout.fixed] or
+                                [np.zeros(0, np.int64)])
+            self._fixed_at = tf.constant(at, tf.int64)
+            self._fixed_bytes = tf.constant(np.frombuffer(self.layout.first, np.uint8)[at])
 
     # -- reading ---------------------------------------------------------------------
     def read_file(self, i: tf.Tensor) -> tf.data.Dataset:
@@ -143,21 +145,23 @@ class _Steps:
         the first, else in Python (each odd record checked)."""
         if self.layout is None:
             return self._slow(fi, ri, r)
-        layout = self.layout
-        length = tf.strings.length(r)
+        width = len(self.layout.first)
 
-        def same_bytes() -> tf.Tensor:
-            ok = tf.constant(True)
-            for a, b in layout.fixed:
-                ok = tf.logical_and(ok, tf.reduce_all(tf.equal(
-                    tf.strings.substr(r, a, b - a), layout.first[a:b])))
-            return ok
+        def same_size() -> dict[str, tf.Tensor]:
+            # Every record as one row of bytes (one copy, no string per record), its
+            # bytes outside the values compared with the first record's at once.
+            rows = tf.io.decode_raw(r, tf.uint8, fixed_length=width)
+            like_first = tf.reduce_all(tf.equal(tf.gather(rows, self._fixed_at, axis=1),
+                                                self._fixed_bytes))
+            return tf.cond(like_first, lambda: self._fast(rows, r),
+                           lambda: self._slow(fi, ri, r))
 
-        like_first = tf.cond(tf.reduce_all(tf.equal(length, len(layout.first))),
-                             same_bytes, lambda: tf.constant(False))
-        return tf.cond(like_first, lambda: self._fast(r), lambda: self._slow(fi, ri, r))
+        return tf.cond(tf.reduce_all(tf.equal(tf.strings.length(r), width)), same_size,
+                       lambda: self._slow(fi, ri, r))
 
-    def _fast(self, r: tf.Tensor) -> dict[str, tf.Tensor]:
+    def _fast(self, rows: tf.Tensor, r: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The values cut out of ``rows`` (the records' bytes, one row each) and
+        reinterpreted in place as their dtype (stored little-endian)."""
         assert self.layout is not None
         out, ints = {}, {}
         for name, f in self.feats.items():
@@ -165,10 +169,18 @@ class _Steps:
                 ints[name] = tf.io.FixedLenFeature(f.shape, tf.int64)
                 continue
             a, b = self.layout.values[name]
-            raw = _raw_dtype(f.dtype)
-            values = tf.io.decode_raw(tf.strings.substr(r, a, b - a), raw, little_endian=True)
-            if raw != tf.as_dtype(f.dtype):
-                values = tf.bitcast(values, tf.as_dtype(f.dtype))
+            dtype = tf.as_dtype(f.dtype)
+            size = np.dtype(f.dtype).itemsize
+            values = rows[:, a:b]
+            if dtype == tf.bool:
+                values = tf.not_equal(values, 0)
+            elif size > 1:
+                values = tf.reshape(values, [-1, (b - a) // size, size])
+                if sys.byteorder == "big":
+                    values = tf.reverse(values, axis=[-1])
+                values = tf.bitcast(values, dtype)
+            elif dtype != tf.uint8:
+                values = tf.bitcast(values, dtype)
             out[name] = tf.reshape(values, [-1, *f.shape])
         if ints:
             out.update(tf.io.parse_example(r, ints))
