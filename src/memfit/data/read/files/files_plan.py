@@ -3,10 +3,11 @@ the :class:`FilesPlan` (a :class:`~memfit.data.read.plan.ReaderPlan`, settled li
 reader's) and :func:`plan_files` that sizes it.
 
 The budget pays, in this order: the file readers (``cycle_length`` files at once, each
-with a 256 KiB buffer), the batches decoded in parallel (their records and values), a
-prefetch of up to :data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left
-the window of records permuted whole (at most one epoch's samples; short of an epoch, whole
-batches). A bigger budget mixes more.
+with a 256 KiB buffer), the chunks of :data:`CHUNK_RECORDS` records decoded in parallel
+(their records and values) and the batches gathered in parallel, a prefetch of up to
+:data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left the window of decoded
+samples permuted whole (at most one epoch's samples; short of an epoch, whole batches). A
+bigger budget mixes more.
 
 Example:
     >>> plan = plan_files("2 files", 1000, [600, 400], batch_size=100, budget=2**26,
@@ -26,10 +27,11 @@ from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, plan_summary, steps_p
 from memfit.errors import DatasetError
 from memfit.sizes import format_size
 
-__all__ = ["FilesPlan", "plan_files", "READ_BUFFER"]
+__all__ = ["FilesPlan", "plan_files", "READ_BUFFER", "CHUNK_RECORDS"]
 
 READ_BUFFER = 256 * 1024
-_DECODE_COPIES = 3          # a batch's joined records, the values cut out, the decoded copy
+CHUNK_RECORDS = 64          # records read, counted and decoded at a time
+_DECODE_COPIES = 3          # a chunk's records as rows of bytes, the values cut, the result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ class FilesPlan:
         path: the files, described; files: how many are read.
         batch_size, samples, steps_per_epoch: as for every plan.
         memory_budget: the budget; estimated_bytes: what the plan holds at most.
-        window_samples: the window permuted whole, in records (one sample each).
+        window_samples: the window permuted whole, in samples (decoded; one a record).
         cycle_length: files read at once (interleaved a record each), by read_threads.
         parallel_batches: batches decoded at once; prefetch_batches: batches ahead.
         seed, epoch, epochs, shuffle, arena_limit: as for every plan.
@@ -68,10 +70,11 @@ class FilesPlan:
     def __str__(self) -> str:
         order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved "
                  f"by {self.read_threads} threads, windows of {self.window_samples:,} "
-                 f"records each permuted whole" if self.shuffle else "stored order")
+                 f"samples each permuted whole" if self.shuffle else "stored order")
         return (f"memfit.dataset {self.path} (read in place, not packed): budget "
-                f"{format_size(self.memory_budget)} → {order}, {self.parallel_batches} batches "
-                f"decoded in parallel, prefetch {self.prefetch_batches} batches; about "
+                f"{format_size(self.memory_budget)} → {order}, {self.parallel_batches} chunks "
+                f"of {CHUNK_RECORDS} records decoded in parallel, prefetch "
+                f"{self.prefetch_batches} batches; about "
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
 
 
@@ -89,27 +92,27 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
     cycle = max(1, min(len(records), MAX_CYCLE)) if shuffle else 1
     readers = cycle * (READ_BUFFER + 2 * record_bytes)
     parallel = max(1, min(2, cores))
-    batch_records = batch_size * record_bytes
     batch_bytes = batch_size * sample_bytes
-    decoding = parallel * (batch_records + _DECODE_COPIES * batch_bytes)
+    chunk = CHUNK_RECORDS * (record_bytes + _DECODE_COPIES * sample_bytes)
+    decoding = parallel * (chunk + batch_bytes)
     least_buffer = min(samples, batch_size) if shuffle else 0
-    need_min = readers + decoding + batch_bytes + least_buffer * record_bytes
+    need_min = readers + decoding + batch_bytes + least_buffer * sample_bytes
     if budget < need_min:
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to stream batches of "
             f"{batch_size} records of {format_size(record_bytes)} from TFRecord files: it "
             f"needs at least {format_size(need_min)}. Raise memory_budget or lower "
             f"batch_size. Received: memory_budget={budget}")
-    spare = budget - readers - decoding - least_buffer * record_bytes
+    spare = budget - readers - decoding - least_buffer * sample_bytes
     prefetch = int(max(1, min(MAX_PREFETCH, spare // (2 * max(batch_bytes, 1)))))
     buffer = 0
     if shuffle:
         left = budget - readers - decoding - prefetch * batch_bytes
-        buffer = int(min(samples, left // record_bytes))
+        buffer = int(min(samples, left // sample_bytes))
         if buffer < samples:            # a window short of an epoch holds whole batches
             buffer = buffer // batch_size * batch_size
         buffer = max(least_buffer, buffer)
-    estimated = readers + decoding + prefetch * batch_bytes + buffer * record_bytes
+    estimated = readers + decoding + prefetch * batch_bytes + buffer * sample_bytes
     return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
                      steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
                      memory_budget=budget, estimated_bytes=int(estimated),

@@ -4,10 +4,11 @@ pipeline, under memfit's plan (:mod:`memfit.data.read.files.files_plan`). For ep
     files, permuted by (seed, e)
       → interleave: `cycle_length` files read at once, a chunk of 64 records from each in
         turn (TFRecordDataset, CRC32C checked; deterministic)
-      → windows of `window_samples` records (whole batches), each window's records
+      → decode each chunk (`parallel_batches` at once): the selected features' values
+      → windows of `window_samples` samples (whole batches), each window's samples
         permuted by (seed, e, window)
-      → batches of `batch_size` cut from the permutation (each record copied once)
-      → decode the batch (`parallel_batches` at once) → prefetch
+      → batches of `batch_size` gathered from the permutation (each sample copied once)
+      → prefetch
 
 Records travel through tf.data a chunk or a window at a time, never one by one: a
 tf.data step per record (a shuffle buffer, ``unbatch``, ``batch``) costs more than
@@ -20,12 +21,12 @@ It is coarser than a packed dataset's: a sample only meets the samples of its wi
 budget holds it), where packing permutes all samples once and the readers mix shards of
 that permutation.
 
-Decoding a batch: records built like the first one (same size, same bytes outside the
+Decoding a chunk: records built like the first one (same size, same bytes outside the
 values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) are
-turned into one ``uint8`` row each (one ``decode_raw`` for the batch), their shared bytes
+turned into one ``uint8`` row each (one ``decode_raw`` for the chunk), their shared bytes
 compared with the first record's at once, and each feature's columns reinterpreted as its
 dtype (``bitcast``, no string per record); ``int64`` lists go through
-``tf.io.parse_example``. A batch with any other record is
+``tf.io.parse_example``. A chunk with any other record is
 decoded in Python by the pack's own code
 (:func:`~memfit.data.sources.tfrecord_source.decode_payload`),
 each such record checked first (:class:`~memfit.data.sources.tfrecord_source.SpecCheck`):
@@ -50,7 +51,7 @@ import tensorflow as tf
 
 from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.feeder import epochs_dataset
-from memfit.data.read.files.files_plan import READ_BUFFER, FilesPlan, plan_files
+from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER, FilesPlan, plan_files
 from memfit.data.read.files.tfrecord_files import TFRecordFiles, open_files
 from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.plan import settle_plan
@@ -63,7 +64,6 @@ from memfit.sizes import parse_size
 __all__ = ["stream_files"]
 
 _GRAPH_SEED = 0x6D656D66          # "memf": the epoch function's graph-level seed
-_CHUNK = 64                       # records read and counted at a time
 
 
 class _Steps:
@@ -92,12 +92,12 @@ class _Steps:
     # -- reading ---------------------------------------------------------------------
     def read_file(self, i: tf.Tensor) -> tf.data.Dataset:
         """``(file index, record index, record)`` of file ``i`` in chunks of
-        :data:`_CHUNK` records, the count checked at its end against the count found
+        :data:`CHUNK_RECORDS` records, the count checked at its end against the count found
         when it was opened (``TFRecordDataset`` stops quietly at a damaged record under
         ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
         raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
-                                      buffer_size=READ_BUFFER).ignore_errors().batch(_CHUNK)
+                                      buffer_size=READ_BUFFER).ignore_errors().batch(CHUNK_RECORDS)
         end = tf.data.Dataset.from_tensors((tf.constant([], tf.string), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
 
@@ -224,34 +224,37 @@ class _Steps:
         if plan.shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
         listing = tf.data.Dataset.from_tensor_slices(order)
+        parallel = plan.parallel_batches
         if not plan.shuffle:
-            batches = listing.flat_map(self.read_file).rebatch(
-                plan.batch_size, drop_remainder=self.drop_remainder)
-            return batches.map(self.decode, num_parallel_calls=plan.parallel_batches,
-                               deterministic=True)
+            return (listing.flat_map(self.read_file)
+                    .map(self.decode, num_parallel_calls=parallel, deterministic=True)
+                    .rebatch(plan.batch_size, drop_remainder=self.drop_remainder))
         chunks = listing.interleave(self.read_file, cycle_length=plan.cycle_length,
                                     block_length=1, num_parallel_calls=plan.read_threads,
                                     deterministic=True)
-        windows = chunks.rebatch(plan.window_samples).enumerate()
+        # Decoded a chunk at a time as it is read, before the window: the window and the
+        # batches then hold the values alone, moved as whole rows (no string per record).
+        decoded = chunks.map(self.decode, num_parallel_calls=parallel, deterministic=True)
+        windows = decoded.rebatch(plan.window_samples).enumerate()
         return windows.flat_map(lambda k, w: self.window_batches(seed_e, k, w))
 
     def window_batches(self, seed_e: tf.Tensor, k: tf.Tensor,
-                       window: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
-        """The decoded batches of window ``k`` of an epoch, its records permuted by
-        ``(seed, epoch, k)``: each record is copied once, into its batch."""
-        fi, ri, r = window
-        n = tf.shape(r, out_type=tf.int64)[0]
+                       window: dict[str, tf.Tensor]) -> tf.data.Dataset:
+        """The batches of window ``k`` of an epoch (decoded values), its samples permuted
+        by ``(seed, epoch, k)``: each sample is copied once, into its batch."""
+        n = tf.shape(next(iter(window.values())), out_type=tf.int64)[0]
         seed_k = tf.random.experimental.stateless_fold_in(seed_e, k)
         perm = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed_k)
         size = self.plan.batch_size
         count = n // size if self.drop_remainder else (n + size - 1) // size
 
-        def batch(j: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        def batch(j: tf.Tensor) -> dict[str, tf.Tensor]:
             p = perm[j * size:(j + 1) * size]
-            return tf.gather(fi, p), tf.gather(ri, p), tf.gather(r, p)
+            return {name: tf.gather(v, p) for name, v in window.items()}
 
-        return tf.data.Dataset.range(count).map(batch).map(
-            self.decode, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
+        return tf.data.Dataset.range(count).map(
+            batch, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
+
 
 def stream_files(path: Any, batch_size: int, *, features: Sequence[str] | None,
                  memory_budget: str | int, seed: int | None, epoch: int, epochs: int | None,
