@@ -20,7 +20,8 @@ Each round times, each in a child process, from the parent (interpreter start in
 
 The three alternate (A, B, C, C, B, A, ...) for ``--rounds`` rounds after one untimed
 warm-up of each (page cache warm). Prints a markdown table: samples/s of each, median (min–max), and
-the per-round ratios pack ÷ decode limit and pack ÷ decode alone.
+the per-round ratios pack ÷ decode limit and pack ÷ decode alone; ``--json FILE`` also
+writes them as JSON (every round's value beside the median, min and max).
 
     PYTHONPATH=src .venv/bin/python benchmarks/image_pack_speed.py --count 3000 --rounds 5
 
@@ -126,6 +127,12 @@ def profile(folder: Path, out: Path) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
 
 
+def spread(values: list[float]) -> dict:
+    """Median, min, max and every round's value, for ``--json``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "per_round": values}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=3000)
@@ -133,6 +140,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default="/tmp/memfit-image-pack")
     ap.add_argument("--profile", action="store_true", help="profile one pack instead")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = ap.parse_args()
 
     work = Path(args.dir)
@@ -197,6 +205,11 @@ def main() -> None:
           f"({min(ratio):.2f}–{max(ratio):.2f}); goal ≥ 0.8\n"
           f"pack ÷ decode alone, per round: median {statistics.median(bare):.2f} "
           f"({min(bare):.2f}–{max(bare):.2f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "images": n, "png": pngs, "disk_bytes": disk, "size": SIZE, "rounds": args.rounds,
+            "samples_per_s": {name: spread(v) for name, v in rate.items()},
+            "pack_to_limit": spread(ratio), "pack_to_decode": spread(bare)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ With ``--model none`` no model is built or trained: each child iterates its pipe
 warm-up epoch and 3 timed ones (the ratio a model that costs nothing would see).
 
 Rounds interleave the sides (A, B, C, D, D, C, B, A, ...). Prints a markdown table: samples/s of
-each, median (min–max), and the per-round ratios.
+each, median (min–max), and the per-round ratios; ``--json FILE`` also writes them as JSON
+(every round's value beside the median, min and max).
 
     PYTHONPATH=src .venv/bin/python benchmarks/image_training.py --count 1200 --rounds 5
 """
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from image_pack_speed import make_folder  # noqa: E402
+from image_pack_speed import make_folder, spread  # noqa: E402
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 BATCH = 64
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("cnn", "none"), default="cnn",
                     help="none: iterate the input pipelines alone, no model")
     ap.add_argument("--dir", default="/tmp/memfit-image-training")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = ap.parse_args()
 
     import memfit
@@ -158,7 +160,7 @@ def main() -> None:
         print(f"round {r + 1}: " + ", ".join(f"{s} {v[-1]:,.0f}/s" for s, v in rate.items()),
               file=sys.stderr)
 
-    def spread(v: list[float], fmt: str) -> str:
+    def shown(v: list[float], fmt: str) -> str:
         return f"{statistics.median(v):{fmt}} ({min(v):{fmt}}–{max(v):{fmt}})"
 
     names = {"memfit": "`memfit.dataset(packed, 64)`",
@@ -173,12 +175,21 @@ def main() -> None:
           f"cores, load {os.getloadavg()[0]:.1f} at the end\n")
     print("| input | samples/s, timed epoch | memfit ÷ it, per round | first epoch samples/s |")
     print("| --- | --- | --- | --- |")
+    figures = {"images": args.count, "classes": classes, "batch": BATCH, "model": args.model,
+               "rounds": args.rounds, "samples_per_s": {}, "first_epoch_samples_per_s": {},
+               "memfit_to": {}}
     for side in sides:
         ratio = [m / o for m, o in zip(rate["memfit"], rate[side], strict=True)]
-        print(f"| {names[side]} | {spread(rate[side], ',.0f')} | "
-              f"{spread(ratio, '.2f') if side != 'memfit' else '—'} | "
-              f"{spread(first[side], ',.0f')} |")
+        print(f"| {names[side]} | {shown(rate[side], ',.0f')} | "
+              f"{shown(ratio, '.2f') if side != 'memfit' else '—'} | "
+              f"{shown(first[side], ',.0f')} |")
+        figures["samples_per_s"][side] = spread(rate[side])
+        figures["first_epoch_samples_per_s"][side] = spread(first[side])
+        if side != "memfit":
+            figures["memfit_to"][side] = spread(ratio)
     print("\ngoal: memfit ÷ image_dataset_from_directory (prefetch) ≥ 2")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

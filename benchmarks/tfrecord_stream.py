@@ -8,7 +8,8 @@
 Each round reads one full epoch of each, in rotating order (so no pipeline always runs
 first), after one warm-up epoch of each; the page cache holds the files (the files and
 the pack are read once before timing). Prints a markdown table: median and min–max of
-samples/s, and the ratios to (a) with their min–max over rounds.
+samples/s, and the ratios to (a) with their min–max over rounds; ``--json FILE`` also writes
+them as JSON (every round's value beside the median, min and max).
 
     python benchmarks/tfrecord_stream.py --size-mb 200 --files 4 --rounds 5
 """
@@ -16,6 +17,7 @@ samples/s, and the ratios to (a) with their min–max over rounds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -74,6 +76,12 @@ def one_epoch(ds, it_factory) -> float:
     return n / (time.perf_counter() - start)
 
 
+def spread(values: list[float]) -> dict:
+    """Median, min, max and every round's value, for ``--json``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "per_round": values}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=float, default=200)
@@ -81,6 +89,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budget", default="256MiB")
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary dir)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = ap.parse_args()
     sample = 4 * SHAPE[0] * SHAPE[1]
     samples = int(args.size_mb * 2**20 // sample)
@@ -114,11 +123,21 @@ def main() -> None:
         print("| pipeline | samples/s, median (min–max) | ÷ recipe, median (min–max) |")
         print("| --- | --- | --- |")
         base = rates[names[0]]
+        keys = dict(zip(names, ("recipe", "in_place", "packed"), strict=True))
+        figures = {"samples": samples, "files": args.files,
+                   "file_bytes": sum(os.path.getsize(p) for p in paths),
+                   "write_seconds": written, "pack_seconds": packed_s, "batch": BATCH,
+                   "memory_budget": args.budget, "rounds": args.rounds,
+                   "samples_per_s": {}, "ratio_to_recipe": {}}
         for name in names:
             ratios = [a / b for a, b in zip(rates[name], base, strict=True)]
+            figures["samples_per_s"][keys[name]] = spread(rates[name])
+            figures["ratio_to_recipe"][keys[name]] = spread(ratios)
             print(f"| {name} | {statistics.median(rates[name]):,.0f} "
                   f"({min(rates[name]):,.0f}–{max(rates[name]):,.0f}) | "
                   f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
