@@ -111,6 +111,37 @@ def test_direct_and_buffered_writers_write_the_same_bytes_and_sha256(tmp_path, d
     assert os.listdir(tmp_path) == ["f.bin"]
 
 
+def test_a_file_handed_to_a_busy_committer_holds_no_staging_buffers(tmp_path, monkeypatch):
+    """The pipe drains each file (its staged bytes written, its buffers unmapped) before
+    the committer takes it: files queued behind a slow fsync hold no buffers, and the
+    bytes and sha256 are the same."""
+    monkeypatch.setattr(pack_writing, "STAGING_BYTES", 8192)
+    gate, done = threading.Event(), []
+    writers = [HashingWriter(tmp_path / f"f{i}.bin") for i in range(3)]
+    data = [np.random.default_rng(i).bytes(20000 + i) for i in range(3)]
+    assert all(w._stages for w in writers) or _refuses_direct(tmp_path)
+
+    def slow_commit(w):
+        def commit():
+            gate.wait(5)
+            return w.commit()
+        return commit
+
+    with WritePipe(done.extend) as pipe:
+        for i, w in enumerate(writers):
+            pipe.adopt(w)
+            pipe.put(lambda w=w, d=data[i]: w.write(d))
+            pipe.complete(w, i, lambda: None, slow_commit(w))
+        pipe.put(lambda: None)                  # the writer thread is past every hand-over
+        pipe.put(lambda: None)
+        assert not done and all(not w._stages for w in writers)
+        gate.set()
+    assert [k for k, _ in done] == [0, 1, 2]
+    for i, (_, sha) in enumerate(done):
+        assert (tmp_path / f"f{i}.bin").read_bytes() == data[i]
+        assert sha == hashlib.sha256(data[i]).hexdigest()
+
+
 def _refuses_direct(directory: Path) -> bool:
     try:
         os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))

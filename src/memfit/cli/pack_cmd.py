@@ -117,14 +117,13 @@ def run(args: argparse.Namespace) -> int:
                            f"inputs={args.inputs}, --csv={args.csv!r}, "
                            f"--parquet={args.parquet!r}, --tfrecord={args.tfrecord}, "
                            f"--images={args.images!r}")
-    if args.images or args.parquet:
-        # Decoded images and row groups are large buffers freed at once: under glibc's
-        # moving mmap threshold they are served from the heap, which then keeps them and
-        # grew with the source (images 1.28-1.64x, Parquet 1.11-1.17x from 0.25 GB to 1-2
-        # GB); a fixed threshold (and pyarrow on malloc) returns each when freed.
+    if args.parquet:
+        # Row groups are large buffers freed at once: pyarrow's own pool (mimalloc) and
+        # glibc's moving mmap threshold kept them, and the peak grew with the table
+        # (1.11-1.17x from 0.25 to 2 GB); pyarrow on malloc with a fixed threshold
+        # returns each when freed (anon 1.03x), at no cost in time here.
         fix_mmap_threshold()
-        if args.parquet:
-            use_system_pool()
+        use_system_pool()
     tfrecord = args.tfrecord[0] if args.tfrecord and len(args.tfrecord) == 1 else args.tfrecord
     result = pack(_source(args.inputs) if args.inputs else None, args.output, csv=args.csv,
                   parquet=args.parquet, tfrecord=tfrecord, images=args.images,

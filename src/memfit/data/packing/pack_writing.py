@@ -147,12 +147,20 @@ class HashingWriter:
         if not self._stages:
             self._file.flush()
 
-    def commit(self) -> str:
-        """Syncs the file and renames it into place; returns its sha256."""
+    def drain(self) -> None:
+        """Writes what is staged and unmaps the staging buffers: all that is left for
+        :meth:`commit` is the sync and the rename. A pipe drains each file before its
+        committer, which may still be syncing the file before, takes it: else every file
+        waiting there kept its two buffers mapped (a pack held up to three files' worth,
+        24 MiB, where one is needed)."""
         if self._stages:
             self._wait()
             self._write_out(self._stages[0], self._staged)
             self._release_stages()
+
+    def commit(self) -> str:
+        """Syncs the file and renames it into place; returns its sha256."""
+        self.drain()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -314,10 +322,12 @@ class WritePipe:
 
     def complete(self, writer: HashingWriter, key: Hashable, finish: Callable[[], None],
                  commit: Callable[[], Any]) -> None:
-        """After the work handed over, ``finish()`` (the last bytes), then the committer
-        runs ``commit()`` (sync and rename; its result goes to ``on_batch`` as ``key``)."""
+        """After the work handed over, ``finish()`` (the last bytes) and the writer
+        drained (:meth:`HashingWriter.drain`), then the committer runs ``commit()`` (sync
+        and rename; its result goes to ``on_batch`` as ``key``)."""
         def hand_over() -> None:
             finish()
+            writer.drain()
             self._pending.discard(writer)
             self.committer.submit(key, commit, writer.abandon)
 
