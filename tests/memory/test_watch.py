@@ -3,6 +3,7 @@ import dataclasses
 import io
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import pytest
 from memfit import exitcodes
 from memfit.cli import main
 from memfit.errors import MemfitError
+from memfit.memory.classifier import classify
 from memfit.memory.log import read_log
 from memfit.memory.process import CommandStartError
 from memfit.memory.watch import MIN_STEADY, OUTSIDE_NOTE, SHORT_FIX, watch
@@ -377,6 +379,38 @@ def test_a_leak_after_the_warm_up_is_a_leak_however_slow_the_warm_up(tmp_path, s
     v = judged(tmp_path, outside(startup, warmup, steady=8, leak=20))     # 20 MiB/s
     assert v.verdict.kind == "leak", v.headline
     assert v.headline.startswith("leak: ") and "/min" in v.headline
+
+
+def test_a_level_whose_high_phase_grows_longer_is_not_a_leak(tmp_path):
+    """CI, with a second process busy, called the seed story "leak, +765 MiB/min": each
+    epoch builds a list of its data and a stacked copy (up to +140 MiB) and frees both,
+    and as the machine got busier that phase took a larger share of each epoch, so the
+    later time slices' medians rose from the floor towards the top of the sawtooth. The
+    floor never moved: a level. The same sawtooth over a floor that rises is a leak."""
+    def sawtooth(into: float, leak: float) -> float:
+        high = 0.2 + 0.7 * into / 9             # the high phase's share of a 1 s epoch
+        phase = into % 1.0
+        return 496 + (140 * phase / high if phase < high else 0) + leak * into
+
+    def run(leak: float) -> list:
+        samples = outside(startup=3, warmup=1, steady=9)
+        out = []
+        for s in samples:
+            into = s.t - samples[0].t - 4
+            if 0 <= into <= 9:
+                anon = int(sawtooth(into, leak) * MiB)
+                s = dataclasses.replace(s, rss_anon=anon, rss=anon + s.rss_file)
+            out.append(s)
+        return out
+
+    slices = [[sawtooth(i * 0.9 + k * 0.1, 0.0) * MiB for k in range(9)] for i in range(10)]
+    medians = [statistics.median(b) for b in slices]          # the judge before this one
+    assert classify(medians, warmup_epochs=1).kind == "leak"    # what CI was told
+    v = judged(tmp_path, run(0.0))
+    assert v.verdict.kind in ("stable", "warm-up"), v.headline
+    assert v.headline.startswith("level: ") and "not growing" in v.headline
+    v = judged(tmp_path, run(15.0))                             # 15 MiB/s under it
+    assert v.verdict.kind == "leak", v.headline
 
 
 def test_a_run_that_is_mostly_start_up_is_not_called_a_leak(tmp_path):
