@@ -369,6 +369,8 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
             or policy, or a batch size that is not a positive integer (each quoting it).
     """
     check_batch_size(batch_size)
+    if budget is not None:              # bad input refused before the model is built
+        parse_size(budget, name="budget")
     est = estimator_for(model, optimizer=optimizer, dtype_policy=dtype_policy,
                         input_shape=input_shape, dataset_budget=dataset_budget, device=device,
                         allocator=allocator, onednn=onednn)
