@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo bench clean
 
-$(STAMP): pyproject.toml constraints.txt setup.py src/memfit/data/format/cwindow.c
+$(STAMP): pyproject.toml constraints.txt setup.py src/memfit/data/format/cwindow.c \
+          src/memfit/data/sources/cresize.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,ray,parquet,tensorflow,jax]' -c constraints.txt
@@ -34,4 +35,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
-	rm -f src/memfit/data/format/cwindow*.so
+	rm -f src/memfit/data/format/cwindow*.so src/memfit/data/sources/cresize*.so

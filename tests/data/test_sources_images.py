@@ -97,6 +97,74 @@ def test_resize_is_tensorflows_bilinear_bit_for_bit(shape, size):
                           tf.image.resize(strided, size, "bilinear").numpy())
 
 
+def test_the_resize_extension_is_built_where_a_compiler_is():
+    import shutil
+    import sysconfig
+
+    from memfit.data.sources import image_source
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) here: NumPy resizes a copy instead")
+    assert image_source.cresize is not None, "memfit.data.sources.cresize did not build"
+
+
+@pytest.mark.parametrize("mode, fmt", [("RGB", "PNG"), ("RGB", "JPEG"), ("L", "PNG"),
+                                       ("RGBA", "PNG"), ("P", "GIF"), ("CMYK", "JPEG")])
+def test_the_c_resize_from_pillow_s_memory_gives_the_numpy_resize_s_bytes(mode, fmt,
+                                                                         monkeypatch):
+    """load_image reads the decoded image from Pillow's memory in C (no copy, no GIL);
+    without the extension it copies the image out and resizes it with NumPy. The bytes
+    must be the same: shrinking and growing, crops, odd sizes, every mode Pillow opens."""
+    import io
+
+    from memfit.data.sources import image_source
+
+    if image_source.cresize is None:
+        pytest.skip("memfit.data.sources.cresize was not built (no C compiler at install)")
+    rng = np.random.default_rng(7)
+    used = []
+    fast = image_source._resize_from_pillow
+
+    def counted(*args):
+        out = fast(*args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(image_source, "_resize_from_pillow", counted)
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(1, 260, 2))
+        size = tuple(int(v) for v in rng.integers(1, 160, 2))
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).convert(mode).save(buf, fmt)
+        for crop in (False, True):
+            with_c = image_source.load_image(io.BytesIO(buf.getvalue()), size, crop)
+            monkeypatch.setattr(image_source, "cresize", None)
+            with_numpy = image_source.load_image(io.BytesIO(buf.getvalue()), size, crop)
+            monkeypatch.undo()
+            monkeypatch.setattr(image_source, "_resize_from_pillow", counted)
+            assert with_c.dtype == np.uint8 and with_c.shape == (*size, 3)
+            assert np.array_equal(with_c, with_numpy), (h, w, size, crop)
+    assert used.count(True) == 80 and used.count(False) == 80
+
+
+def test_an_image_pillow_keeps_in_several_blocks_is_resized_by_numpy():
+    """Pillow exports only an image whose rows are one block of memory; a larger one
+    (here 3000 x 2000) is copied out and resized by NumPy, the same way."""
+    from memfit.data.sources import image_source
+
+    pixels = np.random.default_rng(0).integers(0, 256, (3000, 2000, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    assert image_source._resize_from_pillow(image, (64, 64), False) is None
+    expected = np.clip(np.rint(image_source.resize_bilinear(pixels, (64, 64))), 0, 255)
+    import io
+    buf = io.BytesIO()
+    image.save(buf, "BMP")
+    assert np.array_equal(image_source.load_image(io.BytesIO(buf.getvalue()), (64, 64), False),
+                          expected.astype(np.uint8))
+
+
 def _digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.iterdir())}

@@ -7,7 +7,8 @@ not followed) and kept when their name ends in ``.bmp``, ``.gif``, ``.jpeg``, ``
 ``.png`` (any case). The features are ``image`` (uint8, height × width × 3) and ``label``
 (int64, the class's index). Images are decoded with Pillow (RGB, an animation's first
 frame) on a thread per core and resized as Keras resizes them: TensorFlow's bilinear
-``tf.image.resize`` (half-pixel centres, no antialiasing), reproduced in NumPy, after a
+``tf.image.resize`` (half-pixel centres, no antialiasing), reproduced in NumPy (and in C,
+reading Pillow's memory without the GIL, where the extension is built), after a
 centred crop to the target's aspect ratio with ``crop_to_aspect_ratio``. Keras keeps the
 float32 result; memfit rounds it to uint8.
 
@@ -49,6 +50,11 @@ from memfit.data.format.manifest import EncodedImage, Feature
 from memfit.data.sources.columns import ArraySource, Columns
 from memfit.errors import DatasetError
 from memfit.memory.allocator import malloc_trim
+
+try:                        # the resize from Pillow's memory, without the GIL (setup.py)
+    from memfit.data.sources import cresize
+except ImportError:         # built without a C compiler: NumPy resizes a copy, same bytes
+    cresize = None
 
 __all__ = ["ImageFolderSource", "open_images", "list_images", "resize_bilinear",
            "parse_image_size", "load_image", "decode_image", "check_image", "IMAGE_FORMATS"]
@@ -166,7 +172,12 @@ def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
 
     with Image.open(path) as im:
         im.seek(0)
-        rgb = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))  # no copy if RGB
+        image = im if im.mode == "RGB" else im.convert("RGB")
+        image.load()                            # a file that does not decode raises here
+        resized = _resize_from_pillow(image, size, crop)
+        if resized is not None:
+            return resized
+        rgb = np.asarray(image)
     if crop:
         top, left, ch, cw = _crop_box(rgb.shape[0], rgb.shape[1], size)
         rgb = rgb[top:top + ch, left:left + cw]
@@ -174,6 +185,27 @@ def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
         return np.ascontiguousarray(rgb)
     out = resize_bilinear(rgb, size)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _resize_from_pillow(image: Any, size: tuple[int, int], crop: bool) -> np.ndarray | None:
+    """:func:`load_image`'s crop and resize read straight from the decoded RGB ``image``'s
+    own memory, exported by Pillow through the Arrow C data interface, by the C extension
+    (``cresize``) without the GIL: the same bytes as :func:`resize_bilinear` rounded to
+    uint8, without copying the image out first. ``None`` where it cannot: no extension,
+    a Pillow older than 11.2, or an image Pillow keeps in several blocks of memory."""
+    if cresize is None:
+        return None
+    try:
+        schema, array = image.__arrow_c_array__()
+    except (AttributeError, ValueError):
+        return None
+    height, width = image.height, image.width
+    top, left, ch, cw = _crop_box(height, width, size) if crop else (0, 0, height, width)
+    y0, y1, wy = _axis_weights(ch, size[0])
+    x0, x1, wx = _axis_weights(cw, size[1])
+    out = np.empty((*size, 3), np.uint8)
+    cresize.resize_rgbx(schema, array, height, width, top, left, y0, y1, wy, x0, x1, wx, out)
+    return out
 
 
 def decode_image(encoded: bytes | np.ndarray, size: tuple[int, int], crop: bool) -> np.ndarray:
