@@ -28,7 +28,7 @@ demo: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) examples/demo.py
 
 # stream.py's table, then issue 30's table of the data where users keep it (the driver runs
-# its four scripts as children): about 6 minutes, then about 25 (an estimate) here.
+# its four scripts as children): about 6 minutes, then 9 here.
 bench: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/stream.py
 	$(PY) benchmarks/sources_table.py
