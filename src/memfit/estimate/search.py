@@ -347,12 +347,27 @@ class _Search:
         # Two measured peaks give the slope only where they are far enough apart for the
         # run-to-run noise (a few %) not to dominate it.
         from_peaks = len(fitted) >= 2 and fitted[-1] - fitted[-2] >= 0.1 * fitted[-1]
+        grow = False
         if from_peaks:
             measured = (self.peak(fitted[-1]) - self.peak(fitted[-2])) / \
                 (fitted[-1] - fitted[-2])
-            s = measured if 0.5 * slope <= measured <= 2 * slope else slope
+            if 0.5 * slope <= measured <= 2 * slope:
+                s = measured
+            elif 0 < measured < 0.5 * slope:
+                # Two real peaks far apart say a sample costs far less than the estimate
+                # says (issue 27: 4.5 MiB estimated, 0.15 measured, and the search crept
+                # up by 44 samples a child): aim with theirs. (Where they say more, the
+                # estimate's aim overshoots, and a failure brackets the answer.)
+                s = measured
+            elif measured <= 0:
+                # Peaks not rising with the batch: the run-to-run noise is larger than
+                # what these batches add. Neither slope can aim: grow by half the
+                # distance from 1 again, until a failure brackets the answer.
+                grow = True
         left = budget - (self.peak(self.lo) or budget)
         aim = int(self.lo + 0.99 * left / s) if left > 0 else self.lo
+        if grow:
+            aim = max(aim, 2 * self.lo)
         edge = self.lo + max(1, math.floor(self.lo * precision))    # failing there: done
         if aim <= edge and self.hi is not None and self.hi > edge * (1 + precision) + 1 \
                 and any(r.fits for b, r in self.results.items() if b > 1 and b < self.lo):
