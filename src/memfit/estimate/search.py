@@ -361,8 +361,8 @@ class _Search:
                 s = measured
             elif measured <= 0:
                 # Peaks not rising with the batch: the run-to-run noise is larger than
-                # what these batches add. Neither slope can aim: grow by half the
-                # distance from 1 again, until a failure brackets the answer.
+                # what these batches add. Neither slope can aim: at least double the
+                # largest batch that fitted, until a failure brackets the answer.
                 grow = True
         left = budget - (self.peak(self.lo) or budget)
         aim = int(self.lo + 0.99 * left / s) if left > 0 else self.lo
