@@ -29,7 +29,7 @@ from memfit.memory.probe import descendants
 from memfit.quiet import FilteredPopen, filters_children
 
 __all__ = ["CommandStartError", "check_command", "start", "forward_signals", "exit_code",
-           "kill_tree", "ticks"]
+           "kill_tree", "ticks", "running"]
 
 
 class CommandStartError(MemfitError):
@@ -89,7 +89,7 @@ def _not_executable(command: list[str]) -> CommandStartError:
 
 
 def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = None,
-          stderr: IO | None = None) -> subprocess.Popen:
+          stderr: IO | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Starts ``command`` with this process's environment plus ``env``, and its streams
     (or the open files ``stdout``/``stderr``).
 
@@ -102,6 +102,7 @@ def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = Non
         env: variables to add to this process's environment.
         stdout: an open file for the command's standard output, or ``None`` (this one's).
         stderr: an open file for its standard error, or ``None`` (this one's).
+        pass_fds: descriptors the command inherits (besides its streams).
 
     Raises:
         CommandStartError: if it does not exist (127) or cannot be executed (126).
@@ -109,7 +110,8 @@ def start(command: list[str], env: Mapping[str, str], *, stdout: IO | None = Non
     filtered = filters_children() and (stderr is None or hasattr(stderr, "fileno"))
     popen = FilteredPopen if filtered else subprocess.Popen
     try:
-        return popen(command, env={**os.environ, **env}, stdout=stdout, stderr=stderr)
+        return popen(command, env={**os.environ, **env}, stdout=stdout, stderr=stderr,
+                     pass_fds=tuple(pass_fds))
     except FileNotFoundError:
         raise _not_found(command) from None
     except PermissionError:
@@ -131,6 +133,27 @@ def ticks(proc: subprocess.Popen, interval: float) -> Iterator[float]:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: one nobody reaps,
+    as under a container's init that does not, counts as ended).
+
+    Example:
+        >>> running(os.getpid())
+        True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def exit_code(returncode: int) -> int:

@@ -34,6 +34,7 @@ from memfit.data.format.arrays_format import FORMAT as ARRAYS
 from memfit.data.format.arrays_format import ArraysManifest, manifest_format
 from memfit.data.format.manifest import MANIFEST, Manifest
 from memfit.errors import DatasetError
+from memfit.memory.process import running
 from memfit.sizes import format_size
 
 __all__ = ["STATE", "prepare_output", "save_state", "already_packed", "check_output", "undo",
@@ -44,21 +45,6 @@ STATE = ".memfit-pack-state.json"
 
 # A temporary name made by memfit.atomic.temporary_name: ".tmp-<pid>-<name>".
 _TEMPORARY = re.compile(rf"^{re.escape(TMP_MARK)}(\d+)-")
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def remove(p: Path) -> None:
@@ -85,7 +71,7 @@ def clear_stale_temporaries(out: Path, keep: Collection[str]) -> None:
             if match is None or p.name in keep:
                 continue
             pid = int(match.group(1))
-            if pid != os.getpid() and _running(pid):
+            if pid != os.getpid() and running(pid):
                 raise DatasetError(
                     f"{str(p)!r} is being written by another process (pid {pid}, still "
                     f"running): two packs into one directory would mix their files. Wait "
