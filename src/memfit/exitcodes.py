@@ -12,6 +12,9 @@ stops, since a restart would fail the same way.
 ``DATA_ERROR`` (65, ``EX_DATAERR``): a training process met a damaged, truncated or
 missing shard (memfit's ``CorruptShardError``); a supervisor stops, since a restart would
 read the same bytes.
+``START_COLD`` (76): a training process that a warm parent forked (``memfit run``'s warm
+start) found it changed a variable the frameworks read when imported; a supervisor
+starts it again as a new interpreter, and starts every later one so.
 ``NOT_FOUND`` (127): the command to run does not exist, as in a shell.
 
 A process killed by signal N exits, as a shell reports it, with ``128 + N``;
@@ -24,12 +27,13 @@ Example:
 
 import signal
 
-__all__ = ["DATA_ERROR", "CHECKPOINT_FAILED", "RESTART", "CONFIG", "NOT_FOUND",
+__all__ = ["DATA_ERROR", "CHECKPOINT_FAILED", "RESTART", "START_COLD", "CONFIG", "NOT_FOUND",
            "signal_name"]
 
 DATA_ERROR = 65
 CHECKPOINT_FAILED = 74
 RESTART = 75
+START_COLD = 76
 CONFIG = 78
 NOT_FOUND = 127
 

@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-grace", type=float, default=30.0, metavar="SECONDS",
                    help="after a SIGTERM (a preemption), time the command has to checkpoint "
                         "and exit before it is killed (default: 30)")
+    p.add_argument("--start", choices=("auto", "warm", "cold"), default="auto",
+                   help="warm: fork each process from a parent that imported the frameworks "
+                        "once (a restart skips the import; falls back to cold where unsafe, "
+                        "saying why); cold: a new interpreter each time; auto (default): "
+                        "warm when restarts are planned (--restart-every, --max-rss)")
     p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between memory samples (default: 0.5)")
     add_report_argument(p)
@@ -61,6 +66,6 @@ def run(args: argparse.Namespace) -> int:
     result = supervise(args.cmd, workdir=args.workdir, restart_every=args.restart_every,
                        max_rss=args.max_rss, hard_rss=args.hard_rss,
                        max_restarts=args.max_restarts, grace=args.grace,
-                       interval=args.interval, stop_grace=args.stop_grace)
+                       interval=args.interval, stop_grace=args.stop_grace, start=args.start)
     write_report_if_asked(args)
     return result.exit_code

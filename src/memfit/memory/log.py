@@ -63,6 +63,7 @@ class Event(StrEnum):
     REQUEST = "request"             # a restart asked of a training (``reason``)
     KILL = "kill"                   # a supervisor killed a process (``reason``)
     RESTART = "restart"             # a supervisor started the training again
+    WARM = "warm"                   # memfit run's warm parent imported the frameworks
     CHECKPOINT = "checkpoint"       # ``epoch``, ``step``, ``seconds``
     RESUME = "resume"               # ``epoch``, ``step``
     EXIT = "exit"                   # a process ended (``code``)

@@ -66,6 +66,7 @@ class ChildRun:
         peak: the largest sample of its process tree (``None`` if it ended first).
         resumed_at, ended_at: the ``(epoch, step)`` of the checkpoint it started from and
             of the newest checkpoint when it ended.
+        start: ``"warm"`` (forked from the warm parent) or ``"cold"`` (a new interpreter).
     """
 
     pid: int
@@ -77,6 +78,7 @@ class ChildRun:
     peak: Sample | None
     resumed_at: tuple[int, int]
     ended_at: tuple[int, int]
+    start: str = "cold"
 
     @property
     def progressed(self) -> bool:
@@ -100,6 +102,8 @@ class RunResult:
         command: the command run.
         memory: the last process's memory, judged from outside as ``memfit watch``
             judges it (a level, a leak...), or ``None`` when it lived too short to tell.
+        start: how the processes started (``"warm (forked from a parent that imported
+            keras, tensorflow once, in 3.8 s)"``, ``"cold (why)"``).
     """
 
     exit_code: int
@@ -112,6 +116,7 @@ class RunResult:
     log_path: Path
     command: tuple[str, ...] = ()
     memory: OutsideVerdict | None = None
+    start: str = ""
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -140,6 +145,8 @@ class RunResult:
                          f"{ended_by}")
         lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load and "
                      f"work after the last checkpoint)")
+        if self.start and restarts:
+            lines.append(f"  processes started {self.start}")
         if self.memory is not None:
             lines.append(f"  memory of the last process (from outside): "
                          f"{self.memory.headline}")

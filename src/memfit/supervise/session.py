@@ -60,7 +60,7 @@ from memfit.errors import CorruptShardError
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
-from memfit.supervise import exactness, restart_protocol, rng
+from memfit.supervise import exactness, restart_protocol, rng, warm
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from memfit.supervise.restart_protocol import SessionConfigError
@@ -93,6 +93,12 @@ class Session:
     def __init__(self, workdir: str | os.PathLike | None = None, *, seed: int | None = None,
                  checkpoint_every: int | None = None, deterministic: bool = False,
                  verbose: int = 1):
+        changed = warm.changed_environment()
+        if changed is not None:         # memfit run starts it again as a new interpreter
+            print(f"memfit: {os.path.basename(sys.argv[0])} set {changed}; memfit run starts "
+                  f"it again as a new interpreter (set it before memfit run to keep warm "
+                  f"starts)", file=sys.stderr)
+            raise SystemExit(exitcodes.START_COLD)
         seed = checks.count("seed", seed, minimum=0, optional=True, example=42,
                             hint=f"It must be at most {_MAX_SEED}.")
         if seed is not None and seed > _MAX_SEED:

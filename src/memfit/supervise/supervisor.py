@@ -51,14 +51,16 @@ from memfit.memory.process import check_command, exit_code, forward_signals, kil
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.sizes import format_size, parse_size
-from memfit.supervise import restart_protocol
+from memfit.supervise import restart_protocol, warm
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
 from memfit.supervise.run_results import Cause, ChildRun, RunResult
+from memfit.supervise.warm import WarmChild, WarmParent, WarmStartError
 from memfit.workdir import Workdir
 
 __all__ = ["run"]
 
 PLANNED = "every"       # reason prefix of restarts asked by --restart-every
+COLD = "start cold"     # a warm child's exit 76: start it again as a new interpreter
 
 
 def _latest(store: CheckpointStore) -> Checkpoint | None:
@@ -79,7 +81,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol
         restart_every: int | None = None, max_rss: str | int | None = None,
         hard_rss: str | int | None = None, max_restarts: int = 10, grace: float = 60.0,
         interval: float = 0.5, backoff: float = 1.0, max_backoff: float = 30.0,
-        stop_grace: float = 30.0, out: object = None) -> RunResult:
+        stop_grace: float = 30.0, start: str = "auto", out: object = None) -> RunResult:
     """Runs a training command, restarting it from its checkpoints until it finishes.
 
     The command should use :func:`memfit.session` (it checkpoints, resumes, and answers
@@ -111,6 +113,11 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol
         max_backoff: the longest wait between restarts.
         stop_grace: seconds the command has, after memfit run is sent SIGTERM (and passes
             it on), to checkpoint and exit before it is killed.
+        start: how each process starts: ``"warm"``, forked from a parent that imported
+            the frameworks once (:mod:`memfit.supervise.warm`; where that is not safe, as
+            a new interpreter, and the summary says why); ``"cold"``, always a new
+            interpreter; ``"auto"`` (default), warm when restarts are planned
+            (``restart_every`` or ``max_rss``), else cold.
         out: where the end summary is printed (``None``: ``sys.stderr``; ``False``: not).
 
     Returns:
@@ -125,7 +132,7 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol
     limits = _Limits.checked(restart_every=restart_every, max_rss=max_rss,
                              hard_rss=hard_rss, max_restarts=max_restarts, grace=grace,
                              interval=interval, backoff=backoff, max_backoff=max_backoff,
-                             stop_grace=stop_grace)
+                             stop_grace=stop_grace, start=start)
     wd = Workdir(workdir).create()
     check_log(wd.log)
     result = _Supervisor(command, wd, limits).run()
@@ -147,12 +154,17 @@ class _Limits:
     backoff: float
     max_backoff: float
     stop_grace: float
+    start: str = "auto"
 
     @classmethod
     def checked(cls, *, restart_every: Any, max_rss: Any, hard_rss: Any, max_restarts: Any,
                 grace: Any, interval: Any, backoff: Any, max_backoff: Any,
-                stop_grace: Any) -> _Limits:
+                stop_grace: Any, start: Any = "auto") -> _Limits:
         """The limits, or a ``ValueError`` quoting the first bad one."""
+        if start not in _STARTS:
+            raise ValueError(f"start must be one of {', '.join(_STARTS)} (warm: fork each "
+                             f"process from a parent that imported the frameworks). "
+                             f"Received: start={start!r}")
         max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss")
         hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss")
         limits = cls(
@@ -165,7 +177,8 @@ class _Limits:
             backoff=checks.seconds("backoff", backoff, positive=False, example=1),
             max_backoff=checks.seconds("max_backoff", max_backoff, positive=False,
                                        example=30),
-            stop_grace=checks.seconds("stop_grace", stop_grace, positive=False, example=30))
+            stop_grace=checks.seconds("stop_grace", stop_grace, positive=False, example=30),
+            start=start)
         for name, value in (("max_rss", max_rss), ("hard_rss", hard_rss)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a size above zero (e.g. 6GiB); 0 would "
@@ -187,6 +200,8 @@ class _Limits:
             env[MAX_RSS_ENV] = str(self.max_rss)
         return env
 
+
+_STARTS = ("auto", "warm", "cold")
 
 _STOPS = {
     Cause.INTERRUPTED: "interrupted",
@@ -216,7 +231,10 @@ class _Supervisor:
         self.store = CheckpointStore(wd.checkpoints)
         self.env = limits.environment(wd)
         self.children: list[ChildRun] = []
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | WarmChild | None = None
+        self.warm: WarmParent | None = None
+        self.started_as = "cold"            # how the current child started
+        self.start_note = ""                # how processes started, for the summary
         self.samples = EvenSamples()        # the current child's, for the verdict
         self.unplanned = 0                  # restarts not asked by --restart-every
         self.failures = 0                   # failures in a row without progress
@@ -231,14 +249,56 @@ class _Supervisor:
         try:
             with forward_signals(current=lambda: self.proc) as received:
                 self.received = received
+                self.open_warm()
                 stop_reason = self.loop()
         except BaseException:
             if self.proc is not None and self.proc.poll() is None:
                 kill_tree(self.proc)
                 self.proc.wait()
+            self.close_warm()
             self.log.close()
             raise
+        self.close_warm()
         return self.result(since, stop_reason)
+
+    def open_warm(self) -> None:
+        """Starts the warm parent where the ``start`` mode and the command allow it
+        (:mod:`memfit.supervise.warm`); else notes why each process starts cold."""
+        mode = self.limits.start
+        if mode == "cold":
+            self.start_note = "cold (--start cold)"
+            return
+        if mode == "auto" and not (self.limits.restart_every or self.limits.max_rss):
+            self.start_note = ("cold (no --restart-every or --max-rss: restarts only after "
+                               "failures; --start warm to fork them from a warm parent)")
+            return
+        planned = warm.plan(self.command)
+        if isinstance(planned, str):
+            self.start_note = f"cold ({planned})"
+            return
+        try:
+            self.warm = WarmParent(planned, self.env).open(interrupted=self.received)
+        except WarmStartError as e:
+            self.start_note = f"cold (the warm parent could not start: {e})"
+            return
+        ready = self.warm.ready
+        self.start_note = (f"warm (forked from a parent that imported "
+                           f"{', '.join(ready.get('modules', []))} once, in "
+                           f"{ready.get('seconds', 0):.1f} s)")
+        self.log.write(Event.WARM, pid=self.warm.proc.pid if self.warm.proc else None,
+                       modules=ready.get("modules"), seconds=ready.get("seconds"),
+                       threads=ready.get("threads"))
+
+    def close_warm(self, reason: str | None = None) -> None:
+        """Ends the warm parent; with ``reason``, every later process starts cold."""
+        if self.warm is None:
+            return
+        self.warm.close()
+        self.warm = None
+        if reason is not None:
+            self.start_note += f", then cold ({reason})"
+            print(f"memfit run: starting the training as a new interpreter from now on: "
+                  f"{reason}", file=sys.stderr)
 
     def loop(self) -> str | None:
         """Runs children until one finishes (``None``) or the run stops (the reason)."""
@@ -256,21 +316,40 @@ class _Supervisor:
         """Starts one child from the newest checkpoint and watches it until it exits."""
         restart_protocol.clear_request(self.wd.path)
         resumed_at = _position(self.store)
-        self.proc = start(self.command, self.env)
+        self.proc = None
+        if self.warm is not None:
+            try:
+                self.proc = self.warm.start(self.env)
+                self.started_as = "warm"
+            except WarmStartError as e:
+                self.close_warm(str(e))
+        if self.proc is None:
+            self.proc = start(self.command, self.env)
+            self.started_as = "cold"
         self.samples = EvenSamples()
         child = self.watch(self.proc, resumed_at)
         self.children.append(child)
         peak = child.peak.anon_or_total if child.peak else None
         self.log.write(Event.EXIT, pid=child.pid, code=child.exit_code, cause=child.cause,
                        reason=child.reason, epoch=child.ended_at[0], step=child.ended_at[1],
-                       peak_rss=peak, seconds=round(child.ended - child.started, 3))
+                       peak_rss=peak, seconds=round(child.ended - child.started, 3),
+                       start=child.start)
+        if self.warm is not None and not self.warm.alive:
+            self.close_warm("the warm parent ended (killed?)")
+        elif child.start == "warm" and child.cause == Cause.CRASH:
+            self.close_warm(f"process {child.pid}, forked from the warm parent, crashed "
+                            f"({child.reason}); a new interpreter rules the fork out as the "
+                            f"cause")
+        elif child.start == "warm" and child.reason.startswith(COLD):
+            self.close_warm("the script changed a variable the frameworks read when "
+                            "imported (its message above)")
         return child
 
     def stop_reason(self, child: ChildRun) -> str | None:
         """Why the run stops after ``child`` instead of restarting, or ``None``."""
         if child.cause in _STOPS:
             return _STOPS[child.cause]
-        planned = child.cause == Cause.RESTART and child.reason.startswith(PLANNED)
+        planned = child.cause == Cause.RESTART and child.reason.startswith((PLANNED, COLD))
         if planned:
             return None
         self.unplanned += 1
@@ -297,7 +376,7 @@ class _Supervisor:
               + (f" in {delay:.1f} s" if delay else ""), file=sys.stderr)
         return _sleep(delay, self.received)
 
-    def watch(self, proc: subprocess.Popen, resumed_at: tuple[int, int]) -> ChildRun:
+    def watch(self, proc: subprocess.Popen | WarmChild, resumed_at: tuple[int, int]) -> ChildRun:
         """Samples one child until it exits; asks it for a restart at ``max_rss``, kills
         it at ``hard_rss``, when it does not answer within ``grace``, or when it outlives
         ``stop_grace`` after a signal."""
@@ -331,15 +410,16 @@ class _Supervisor:
         cause, reason = self._cause(proc, killed, ckpt, started)
         return ChildRun(pid=proc.pid, exit_code=exit_code(proc.returncode), cause=cause,
                         reason=reason, started=started, ended=ended, peak=sampler.peak,
-                        resumed_at=resumed_at, ended_at=ckpt.position if ckpt else (0, 0))
+                        resumed_at=resumed_at, ended_at=ckpt.position if ckpt else (0, 0),
+                        start=self.started_as)
 
-    def _kill(self, proc: subprocess.Popen, reason: str, **fields: Any) -> str:
+    def _kill(self, proc: subprocess.Popen | WarmChild, reason: str, **fields: Any) -> str:
         self.log.write(Event.KILL, pid=proc.pid, reason=reason, **fields)
         kill_tree(proc)
         return reason
 
-    def _cause(self, proc: subprocess.Popen, killed: str | None, ckpt: Checkpoint | None,
-               started: float) -> tuple[Cause, str]:
+    def _cause(self, proc: subprocess.Popen | WarmChild, killed: str | None,
+               ckpt: Checkpoint | None, started: float) -> tuple[Cause, str]:
         """Why a child ended (:attr:`ChildRun.cause`) and the details. The reason of a
         restart is the one its checkpoint, written since it started, records."""
         code = exit_code(proc.returncode)
@@ -363,12 +443,16 @@ class _Supervisor:
             return Cause.RESTART, saved_reason if fresh is not None else "asked"
         if code == 128 + signal.SIGTERM and saved_reason.startswith("preempted"):
             return Cause.RESTART, saved_reason
+        if code == exitcodes.START_COLD and self.started_as == "warm":
+            return Cause.RESTART, COLD
         if code == exitcodes.CONFIG:
             return Cause.CONFIG, "exit 78"
         if code == exitcodes.CHECKPOINT_FAILED:
             return Cause.CHECKPOINT_FAILED, "exit 74"
         if code == exitcodes.DATA_ERROR:
             return Cause.DATA, "exit 65"
+        if isinstance(proc, WarmChild) and proc.lost:
+            return Cause.KILLED, "its exit status was lost: the warm parent was killed"
         if proc.returncode < 0:
             return Cause.KILLED, exitcodes.signal_name(-proc.returncode) + (
                 " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
@@ -383,7 +467,7 @@ class _Supervisor:
             stop_reason=stop_reason, children=tuple(self.children),
             epoch=_position(self.store)[0], duration=time.time() - since,
             lost=_lost_time(self.wd.log, since, self.children), log_path=self.wd.log,
-            command=tuple(self.command), memory=self._memory(last))
+            command=tuple(self.command), memory=self._memory(last), start=self.start_note)
         if stop_reason:
             self.log.write(Event.STOP, reason=stop_reason)
         self.log.close()
