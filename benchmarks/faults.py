@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -312,6 +313,70 @@ def sigterm_memfit_run(data: Path, root: Path, config: str, epochs: int, terms: 
                                                                            reference)}
 
 
+def warm_kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
+                  lengths: dict[str, float], rnd: random.Random, reference: tuple) -> dict:
+    """SIGKILLs to training processes that `memfit run --start warm --restart-every 1`
+    forks from its warm parent: ``kills`` times a random instant of a random phase of a
+    process not killed before; `memfit run` restarts each (forked again), and is run
+    again where its crash-loop guard stops it, until the training finishes."""
+    out, wd = root / "out", root / "wd"
+    records: list[dict] = []
+    killed: set[int] = set()
+    cmd = [sys.executable, "-m", "memfit", "run", "--workdir", str(wd), "--interval", "0.2",
+           "--start", "warm", "--restart-every", "1", "--max-restarts", "100", "--",
+           *command(data, out, config, epochs)]
+    env = {**ENV, "KERAS_BACKEND": BACKEND[0]}     # the warm parent imports that backend
+    for _ in range(kills + 10):
+        parent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
+        while len(records) < kills and parent.poll() is None:
+            target = rnd.choice(PHASES)
+            after = rnd.randrange(int(lengths["steps"])) \
+                if target not in ("import", "build", "restore") else 0
+            victim = None
+            while parent.poll() is None:
+                now = read_phase(out)
+                # A forked process is through its start-up phases in milliseconds: one
+                # seen past the one drawn is killed a random instant later all the same.
+                early = target in ("import", "build", "restore") and now is not None \
+                    and now[0] in PHASES and PHASES.index(now[0]) >= PHASES.index(target)
+                if now is not None and now[1] not in killed and _alive(now[1]) \
+                        and now[1] != parent.pid and (now[0] == target or early) \
+                        and now[2] >= after:
+                    victim = now[1]
+                    break
+                time.sleep(0.002)
+            if victim is None:
+                break
+            time.sleep(rnd.uniform(0.0, lengths.get(target, 0.05)))
+            at = read_phase(out)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            killed.add(victim)
+            died_in = at[0] if at and at[1] == victim else "finish"
+            records.append({"config": config, "signal": "SIGKILL", "warm": True,
+                            "pid": victim, "target": target,
+                            "phase": "restore" if died_in == "restored" else died_in,
+                            "after_restart": True, "exit": None, "seconds_to_exit": 0.0,
+                            "iterations": at[2] if at and at[1] == victim else None,
+                            "checkpoint_problem": None})
+            while _alive(victim):
+                time.sleep(0.01)
+            records[-1]["checkpoint_problem"] = checkpoint_loads(wd)
+        stderr = parent.communicate()[1].decode(errors="replace")
+        if parent.returncode == 0:
+            break
+    else:
+        return {"records": records, "finished": False,
+                "error": f"never finished: {stderr[-2000:]}"}
+    log = [json.loads(line) for line in (wd / "memory.jsonl").open()]
+    exits = [r for r in log if r.get("event") == "exit" and r.get("source") != "session"
+             and "start" in r]
+    warm = sum(1 for r in exits if r["start"] == "warm")
+    return {"records": records, "finished": True, "warm_processes": warm,
+            "processes": len(exits), "identical": identical(finals(out), reference)}
+
+
 def _failed(proc: subprocess.Popen, records: list[dict]) -> dict | None:
     """Waits for the last, unkilled process; the run's outcome if it failed."""
     stderr = proc.communicate()[1].decode(errors="replace")
@@ -330,7 +395,7 @@ def _alive(pid: int) -> bool:
 
 
 def campaign(configs: list[str], runs: int, kills: int, terms: int, epochs: int, seed: int,
-             work: Path, progress: bool = True) -> dict:
+             work: Path, progress: bool = True, warm_runs: int = 0) -> dict:
     data = work / "data"
     make_data(data)
     rnd = random.Random(seed)
@@ -346,10 +411,14 @@ def campaign(configs: list[str], runs: int, kills: int, terms: int, epochs: int,
         lengths = durations(ref_root / "out", started)
         plans = [("SIGKILL", i) for i in range(runs)]
         plans += [("SIGTERM", 0), ("SIGTERM memfit run", 0)] if terms else []
+        plans += [("SIGKILL warm", i) for i in range(warm_runs)]
         for kind, i in plans:
             root = work / config / f"{kind.replace(' ', '-')}-{i}"
             if kind == "SIGKILL":
                 outcome = kill_run(data, root, config, epochs, kills, lengths, rnd, reference)
+            elif kind == "SIGKILL warm":
+                outcome = warm_kill_run(data, root, config, epochs, kills, lengths, rnd,
+                                        reference)
             elif kind == "SIGTERM":
                 outcome = kill_run(data, root, config, epochs, terms, lengths, rnd, reference,
                                    sig=signal.SIGTERM)
@@ -372,9 +441,12 @@ def table(result: dict) -> str:
     kills = [r for r in records if r["signal"] == "SIGKILL"]
     terms = [r for r in records if r["signal"] != "SIGKILL"]
     kill_runs = [o for o in result["outcomes"] if o["kind"] == "SIGKILL"]
+    warm_runs = [o for o in result["outcomes"] if o["kind"] == "SIGKILL warm"]
+    kills = [r for r in kills if not r.get("warm")]
+    warm_kills = [r for r in records if r.get("warm")]
     survived = sum(len(o["records"]) for o in kill_runs if o["finished"] and o["identical"])
     bad_ckpt = sum(1 for r in records if r["checkpoint_problem"])
-    term_runs = [o for o in result["outcomes"] if o["kind"] != "SIGKILL"]
+    term_runs = [o for o in result["outcomes"] if o["kind"].startswith("SIGTERM")]
     redone = [r.get("redone") for r in terms]
     measured = [x for x in redone if x is not None]
     redone_text = (f"max {max(measured)}" if measured else "n/a") + \
@@ -390,6 +462,14 @@ def table(result: dict) -> str:
              f"| SIGTERM: steps redone after resume (over {len(terms)} SIGTERMs) | 0 | "
              f"{redone_text} |",
              f"| SIGTERM: exits later than the 30 s grace | 0 | {len(late)} |"]
+    if warm_runs:
+        ok = [o for o in warm_runs if o["finished"] and o["identical"]]
+        forked = sum(o.get("warm_processes", 0) for o in warm_runs)
+        total = sum(o.get("processes", 0) for o in warm_runs)
+        lines.append(f"| warm start (`memfit run --start warm --restart-every 1`): SIGKILLs "
+                     f"to forked training processes, runs bit-identical | 100 % | "
+                     f"{len(ok)} / {len(warm_runs)} runs, {len(warm_kills)} SIGKILLs; "
+                     f"{forked} of {total} processes forked warm |")
     phases = collections.Counter((r["phase"], r.get("after_restart", False)) for r in kills)
     lines += ["", "| SIGKILL landed in phase | first process | restarted process |",
               "|---|---|---|"]
@@ -421,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=5, help="SIGKILLs per run")
     p.add_argument("--terms", type=int, default=2,
                    help="SIGTERMs per preemption run (0: none)")
+    p.add_argument("--warm-runs", type=int, default=1,
+                   help="runs per configuration under memfit run --start warm, its forked "
+                        "training processes SIGKILLed --kills times (0: none)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fast", action="store_true",
@@ -441,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="memfit-faults-") as tmp:
         work = args.workdir or Path(tmp)
         result = campaign(configs, args.runs, args.kills, args.terms, args.epochs, args.seed,
-                          work)
+                          work, warm_runs=args.warm_runs)
     result["seconds"] = round(time.time() - started, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))

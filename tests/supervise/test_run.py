@@ -46,8 +46,8 @@ def assert_same_training(out: Path, reference: tuple[list[np.ndarray], dict]) ->
     assert len(history["loss"]) == EPOCHS
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def make_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packed regression set every case trains on."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1024, 16)).astype("float32")
     y = (x @ rng.normal(size=(16, 1))).astype("float32")
@@ -56,13 +56,22 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+def make_reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """The uninterrupted run: one process, no supervisor."""
     base = tmp_path_factory.mktemp("reference")
     subprocess.run(command(data, base / "out"), check=True,
                    env={**os.environ, "MEMFIT_WORKDIR": str(base / "wd")})
     return finals(base / "out")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    return make_reference(data, tmp_path_factory)
 
 
 def test_restart_every_epoch_equals_an_uninterrupted_run(data, reference, tmp_path):
