@@ -471,18 +471,24 @@ def table(result: dict) -> str:
                      f"{len(ok)} / {len(warm_runs)} runs, {len(warm_kills)} SIGKILLs; "
                      f"{forked} of {total} processes forked warm |")
     phases = collections.Counter((r["phase"], r.get("after_restart", False)) for r in kills)
-    lines += ["", "| SIGKILL landed in phase | first process | restarted process |",
-              "|---|---|---|"]
+    forked = collections.Counter(r["phase"] for r in warm_kills)
+    lines += ["", "| SIGKILL landed in phase | first process | restarted process | forked warm "
+              "(memfit run) |", "|---|---|---|---|"]
     for name in PHASES + ("finish",):
         first, later = phases[(name, False)], phases[(name, True)]
-        if first or later:
-            lines.append(f"| {name} | {first} | {later} |")
+        if first or later or forked[name]:
+            lines.append(f"| {name} | {first} | {later} | {forked[name]} |")
     per_config = collections.Counter(r["config"] for r in kills)
-    lines += ["", "| configuration | SIGKILLs | runs bit-identical |", "|---|---|---|"]
+    per_config_warm = collections.Counter(r["config"] for r in warm_kills)
+    lines += ["", "| configuration | SIGKILLs | runs bit-identical | SIGKILLs, warm | warm runs "
+              "bit-identical |", "|---|---|---|---|---|"]
     for config in dict.fromkeys(o["config"] for o in result["outcomes"]):
         runs = [o for o in kill_runs if o["config"] == config]
         ok = sum(1 for o in runs if o["finished"] and o["identical"])
-        lines.append(f"| {config} | {per_config[config]} | {ok} / {len(runs)} |")
+        warm = [o for o in warm_runs if o["config"] == config]
+        ok_warm = sum(1 for o in warm if o["finished"] and o["identical"])
+        lines.append(f"| {config} | {per_config[config]} | {ok} / {len(runs)} | "
+                     f"{per_config_warm[config]} | {ok_warm} / {len(warm)} |")
     steps_lost = [r["redone"] for r in kills if r.get("redone") is not None]
     if steps_lost:
         lines += ["", f"SIGKILL: steps trained again after a kill (work since the last "
