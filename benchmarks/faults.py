@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fast", action="store_true",
                    help="the make-test variant: two configurations, one run of 4 kills each, "
-                        "one SIGTERM run of each kind")
+                        "one SIGTERM run of each kind, no warm run (tests/supervise/"
+                        "test_warm.py kills warm processes)")
     p.add_argument("--json", type=Path, help="write every kill's record here")
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
     args = p.parse_args(argv)
@@ -522,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         args.configs = "divides,uneven,augment,callbacks" if args.backend == "jax" else \
             "divides,uneven,augment,mirrored,callbacks"
     if args.fast:
-        args.configs, args.runs, args.kills, args.terms, args.epochs = \
-            "divides,augment", 1, 4, 1, 2
+        args.configs, args.runs, args.kills, args.terms, args.epochs, args.warm_runs = \
+            "divides,augment", 1, 4, 1, 2, 0
     BACKEND[0] = args.backend
     configs = [c for c in args.configs.split(",") if c]
     started = time.time()

@@ -30,6 +30,7 @@ def test_a_supervised_job_runs_under_memfit_run_held_to_its_share(tmp_path):
     assert command[:4] == [sys.executable, "-m", "memfit", "run"]
     assert command[command.index("--workdir") + 1] == str(files.directory)
     assert command[command.index("--interval") + 1] == "0.25"
+    assert command[command.index("--start") + 1] == "cold"     # no warm parent in a share
     assert command[command.index("--max-rss") + 1] == str(int(limit * REQUEST_AT))
     assert command[command.index("--hard-rss") + 1] == str(limit)
     assert command[command.index("--") + 1:] == list(job.command)

@@ -8,7 +8,9 @@ too, so that a job runs the same wherever it runs:
   under ``python -m memfit run`` with the job's directory as its workdir and, on the
   CPU, ``--max-rss`` at :data:`REQUEST_AT` (90 %) and ``--hard-rss`` at 100 % of its
   share less :data:`~memfit.share.planner.SUPERVISOR_RSS` (``memfit run``'s own memory,
-  which the share includes);
+  which the share includes), and always ``--start cold``: a warm parent
+  (:mod:`memfit.supervise.warm`) holds a few hundred MiB of its own that the share would
+  have to charge, and its forked trainings count pages it shares with them;
 - :func:`job_environment`: the variables added to the environment: ``$MEMFIT_WORKDIR``
   (the job's directory), ``$MEMFIT_SHARE_JOB`` (its name) and ``$MEMFIT_SHARE`` (its
   share in bytes); on the CPU ``CUDA_VISIBLE_DEVICES=-1`` (the budget is host memory);
@@ -69,7 +71,7 @@ def job_command(job: PlannedJob, device: str, files: JobFiles, *,
         return list(job.command)
     interval = checks.seconds("interval", interval)
     command = [sys.executable, "-m", "memfit", "run", "--workdir", str(files.directory),
-               "--interval", f"{interval:g}"]
+               "--interval", f"{interval:g}", "--start", "cold"]
     if device == "cpu":
         limit = job.charge - SUPERVISOR_RSS      # the training process's own tree
         command += ["--max-rss", str(int(limit * REQUEST_AT)), "--hard-rss", str(limit)]
