@@ -35,7 +35,11 @@ from memfit.atomic import discard, temporary_name
 __all__ = ["HashingWriter", "Committer", "WritePipe", "STAGING_BYTES", "ALIGN",
            "die_with_parent", "unguarded_script", "writer_died"]
 
-STAGING_BYTES = 4 * 2**20       # a HashingWriter's direct writes
+# A HashingWriter's direct writes, two buffers of it per shard being written. 4 MiB held
+# 8 MiB more than 2 MiB while packing, a working set a 0.25 GB source never filled
+# (pack peak RSS 2 GiB ÷ 0.25 GiB 1.22 against 1.02, TFRecord files), and packed the
+# 2 GiB arrays source no faster (2.83 s against 2.60 s, 5 interleaved rounds; issue 30).
+STAGING_BYTES = 2 * 2**20
 ALIGN = 4096                    # what O_DIRECT needs of addresses, sizes and offsets
 
 
