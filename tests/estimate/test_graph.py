@@ -275,3 +275,33 @@ def test_adams_two_segment_sums_of_a_sparse_gradient_overlap():
             live.pop(b)
     assert both
     _assert_plays_in_dependency_order(step)
+
+
+def test_a_held_plays_curve_gives_the_peaks_the_play_gives_at_every_batch_size():
+    # The estimate's high end reads a held play (order and glibc's split taken at one
+    # batch size) at many batch sizes from its curve instead of playing it again: the
+    # same integers as the play, with capped kernel workspaces (TensorFlow's filter
+    # gradient), oneDNN's pool, glibc's dynamic and fixed thresholds, one and two
+    # executor threads, and batch sizes on both sides of the split.
+    keras.backend.clear_session()
+    setup = prepare(conv())
+    steps = [graph.trace(setup), graph.trace(setup, onednn=True), _step(lstm), _step(bigru)]
+    steps[3].threads = 1
+    kept, inputs = [4096, 65536], [16 * 16 * 3 * 4]
+    compared = 0
+    for step in steps:
+        for threshold in (None, 131072):
+            for pool in (False, True):
+                extra = dict(pool=True, kept=kept, step_inputs=inputs) if pool else {}
+                for played_at in (1, 4, 16):
+                    for batch in (played_at, played_at + 1, 3 * played_at, 64, 9000):
+                        p = step.peak(batch, threshold, played_at=played_at, **extra)
+                        got = step.held_peak(batch, played_at, threshold, **extra)
+                        assert got == (p.bytes, p.heap_bytes, p.mmap_bytes, p.pool_bytes), \
+                            (step.threads, threshold, pool, played_at, batch)
+                        compared += 1
+    assert compared == 4 * 2 * 2 * 3 * 5
+    # The filter gradient's workspace is capped at a shard of images that batch 9000
+    # passes (its pages beyond are never touched).
+    (grad,) = [op for op in steps[0].run_ops if op.type == "Conv2DBackpropFilter"]
+    assert 0 < grad.workspace[2] < grad.workspace[1] * 9000

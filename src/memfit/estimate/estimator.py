@@ -181,10 +181,16 @@ class Estimator:
             played_at: the play (op order, which buffers are mapped) taken at this batch
                 size, every buffer sized at ``batch_size`` (``None``: ``batch_size``).
         """
-        peak = self._peak(batch_size, played_at)
-        return {"exact": self.exact(batch_size), "peak": peak.bytes, "heap": peak.heap_bytes,
-                "mmap": peak.mmap_bytes, "pool": peak.pool_bytes, "one": 1,
-                "ops": self.step.graph_ops}
+        if played_at is None:
+            p = self._peak(batch_size)
+            found = (p.bytes, p.heap_bytes, p.mmap_bytes, p.pool_bytes)
+        else:                    # a held play: its curve, the same integers (held_peak)
+            threshold = FIXED_MMAP_THRESHOLD if self.allocator == "fixed" else None
+            pooled = dict(pool=True, kept=self.kept,
+                          step_inputs=[self.per_sample_input]) if self.pooled else {}
+            found = self.step.held_peak(batch_size, played_at, threshold, **pooled)
+        return {"exact": self.exact(batch_size), "peak": found[0], "heap": found[1],
+                "mmap": found[2], "pool": found[3], "one": 1, "ops": self.step.graph_ops}
 
     def exact(self, batch_size: int) -> int:
         """The bytes counted exactly at ``batch_size``: weights, optimizer slots, the

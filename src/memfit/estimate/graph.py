@@ -51,7 +51,15 @@ from memfit.estimate.kernels import (
     widening,
     workspace,
 )
-from memfit.estimate.schedule import Executor, Op, Peak, StepEvent, executor_threads, peak
+from memfit.estimate.schedule import (
+    Executor,
+    Op,
+    Peak,
+    PeakCurve,
+    StepEvent,
+    executor_threads,
+    peak,
+)
 from memfit.quiet import filtered_stderr
 
 __all__ = ["StepGraph", "trace"]
@@ -94,6 +102,7 @@ class StepGraph:
             "threads", threads, example=2)
         self._events: dict[int, list[StepEvent]] = {}     # batch size (0: any) -> the play
         self._pools: dict[int, dict] = {}             # the same key -> its pools played
+        self._curves: dict[tuple, PeakCurve] = {}     # a play with its split held
         self._index = {op.name: op.index for op in ops}
 
     def layer_of(self, op_name: str, layer_names: set[str]) -> str | None:
@@ -147,6 +156,22 @@ class StepGraph:
                     is_backward=lambda name: self._index.get(name, first) >= first,
                     split_batch=played_at, pool=pool, kept=kept, step_inputs=step_inputs,
                     memo=self._pools.setdefault(self._play_key(at), {}))
+
+    def held_peak(self, batch_size: int, played_at: int, mmap_threshold: int | None = None, *,
+                  pool: bool = False, kept: Iterable[int] = (),
+                  step_inputs: Iterable[int] = ()) -> tuple[int, int, int, int]:
+        """``(bytes, heap_bytes, mmap_bytes, pool_bytes)`` of :meth:`peak` with
+        ``played_at``, from the play's :class:`~memfit.estimate.schedule.PeakCurve` (made
+        once per play and split): the same integers, without playing the events again
+        for each batch size (the estimate's high end asks for many)."""
+        kept, step_inputs = tuple(kept), tuple(step_inputs)
+        key = (self._play_key(played_at), played_at, mmap_threshold, pool, kept, step_inputs)
+        if key not in self._curves:
+            self._curves[key] = PeakCurve(
+                self.schedule(played_at), played_at, mmap_threshold, pool=pool, kept=kept,
+                step_inputs=step_inputs,
+                memo=self._pools.setdefault(self._play_key(played_at), {}))
+        return self._curves[key].at(batch_size)
 
     def _play_key(self, batch_size: int) -> int:
         """Which play a batch size gets: its own, or with one thread the one play (the

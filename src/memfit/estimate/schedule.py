@@ -37,8 +37,8 @@ from typing import NamedTuple
 from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
 from memfit.estimate.pool import POOL_THRESHOLD, PoolPeak, play_pool
 
-__all__ = ["Op", "Buffer", "StepEvent", "Executor", "Peak", "peak", "prune", "executor_threads",
-           "MMAP_THRESHOLD_MAX"]
+__all__ = ["Op", "Buffer", "StepEvent", "Executor", "Peak", "PeakCurve", "peak", "prune",
+           "executor_threads", "MMAP_THRESHOLD_MAX"]
 
 # glibc raises its mmap threshold to the size of each mapped block freed, up to 32 MiB on
 # 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): after the first step, smaller buffers come from
@@ -378,14 +378,7 @@ def peak(events: list[StepEvent], batch_size: int, mmap_threshold: int | None, *
     threshold = _largest_heap_buffer(events, split_at, mmap_threshold)
 
     def served_by(b: Buffer) -> str:
-        """``pool`` (oneDNN's pool), ``mapped`` (glibc maps it) or ``heap``."""
-        size = tensor_bytes(b.fixed, b.per, b.cap, split_at)
-        each = size // max(b.items, 1)      # an accumulator: many tensors, each its own
-        if pool and each >= POOL_THRESHOLD:
-            return "pool"
-        if b.items:
-            return "mapped" if mmap_threshold is not None and each > threshold else "heap"
-        return "mapped" if size > threshold else "heap"
+        return _served_by(b, split_at, threshold, mmap_threshold, pool)
 
     live: dict[int, tuple[int, str, str]] = {}
     total = 0
@@ -445,6 +438,98 @@ def peak(events: list[StepEvent], batch_size: int, mmap_threshold: int | None, *
                 forward_bytes=forward, by_layer=by_layer, heap_bytes=peaks["heap"],
                 mmap_bytes=peaks["mapped"], pool_bytes=pages,
                 pool_in_use=the_pool.in_use)
+
+
+def _served_by(b: Buffer, split_at: int, threshold: int, mmap_threshold: int | None,
+               pool: bool) -> str:
+    """``pool`` (oneDNN's pool), ``mapped`` (glibc maps it) or ``heap``: decided from the
+    buffer's size at ``split_at``."""
+    size = tensor_bytes(b.fixed, b.per, b.cap, split_at)
+    each = size // max(b.items, 1)          # an accumulator: many tensors, each its own
+    if pool and each >= POOL_THRESHOLD:
+        return "pool"
+    if b.items:
+        return "mapped" if mmap_threshold is not None and each > threshold else "heap"
+    return "mapped" if size > threshold else "heap"
+
+
+class PeakCurve:
+    """:func:`peak`'s byte figures for one play with glibc's split held at ``split_batch``
+    (``peak(..., split_batch=split_batch)``), at any batch size, without playing the
+    events again: every buffer's kind is fixed by the split, its size is
+    ``tensor_bytes`` at the batch size, and the live bytes of each kind after each
+    event's allocations are sums over the buffers' lifetimes (a cumulative sum). The
+    same integers as :func:`peak` (``tests/estimate/test_graph.py`` compares them); the
+    estimate's high end asks for one play at many batch sizes.
+
+    Example:
+        >>> ops = [Op(0, "x", "Mul", [], [], [("x:0", 0, 4)]),
+        ...        Op(1, "y", "Mul", ["x:0"], [], [("y:0", 0, 8)])]
+        >>> events = Executor(ops, {"y:0"}, threads=1, batch_size=1).play()
+        >>> PeakCurve(events, 1, None).at(100)       # bytes, heap, mapped, pool pages
+        (1200, 1200, 0, 0)
+
+    Args:
+        events, mmap_threshold, pool, kept, step_inputs, memo: as for :func:`peak`.
+        split_batch: the batch size the split (and the pool's play) is taken at.
+    """
+
+    def __init__(self, events: list[StepEvent], split_batch: int, mmap_threshold: int | None,
+                 *, pool: bool = False, kept: Iterable[int] = (),
+                 step_inputs: Iterable[int] = (), memo: dict | None = None):
+        import numpy as np
+
+        step_inputs = tuple(step_inputs)
+        self._split, self._pool = split_batch, pool
+        self._inputs = sum(step_inputs)
+        self._touched = peak(events, split_batch, mmap_threshold, is_backward=lambda _: False,
+                             split_batch=split_batch, pool=pool, kept=kept,
+                             step_inputs=step_inputs, memo=memo).pool_bytes
+        threshold = _largest_heap_buffer(events, split_batch, mmap_threshold)
+        kinds = ("heap", "mapped", "pool")
+        rows: list[list[int]] = []          # fixed, per, cap, kind, start, end
+        open_: dict[int, int] = {}
+        for t, (_, allocated, freed) in enumerate(events):
+            for b in allocated:
+                kind = kinds.index(_served_by(b, split_batch, threshold, mmap_threshold, pool))
+                open_[b.id] = len(rows)
+                rows.append([b.fixed, b.per, b.cap, kind, t, len(events)])
+            for b_id in freed:
+                rows[open_.pop(b_id)][5] = t + 1
+        table = np.array(rows, dtype=np.int64).reshape(-1, 6)
+        self._n = len(events)
+        self._fixed, self._per, self._cap = table[:, 0], table[:, 1], table[:, 2]
+        self._kind, self._start, self._end = table[:, 3], table[:, 4], table[:, 5]
+        self._split_peak = self._peaks(split_batch)[3]
+
+    def _peaks(self, batch_size: int) -> tuple[int, int, int, int]:
+        """The most live bytes after any event's allocations: in all, and of the
+        buffers of each kind (heap, mapped, pool)."""
+        import numpy as np
+
+        size = self._fixed + self._per * batch_size
+        size = np.where(self._cap > 0, np.minimum(size, self._cap), size)
+        total = np.zeros(self._n, dtype=np.int64)
+        peaks = []
+        for k in range(3):
+            mine = self._kind == k
+            change = np.zeros(self._n + 1, dtype=np.int64)
+            np.add.at(change, self._start[mine], size[mine])
+            np.subtract.at(change, self._end[mine], size[mine])
+            live = np.cumsum(change[:-1])
+            total += live
+            peaks.append(max(0, int(live.max())) if self._n else 0)
+        return (max(0, int(total.max())) if self._n else 0, *peaks)
+
+    def at(self, batch_size: int) -> tuple[int, int, int, int]:
+        """``(bytes, heap_bytes, mmap_bytes, pool_bytes)`` of :func:`peak` at
+        ``batch_size``."""
+        best, heap, mapped, pooled = self._peaks(batch_size)
+        pages = self._touched
+        if self._pool and self._split != batch_size and self._split_peak + self._inputs:
+            pages = round(pages * (pooled + self._inputs * batch_size)
+                          / (self._split_peak + self._inputs * self._split))
+        return best, heap, mapped, pages
 
 
 def _largest_heap_buffer(events: list[StepEvent], batch_size: int,
