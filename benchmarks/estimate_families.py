@@ -132,6 +132,7 @@ def predict(cases: list[dict], cache: dict, path: Path) -> None:
     import keras
 
     from memfit.estimate import Estimator
+    from memfit.estimate.schedule import BREADTH_FIRST
 
     groups: dict = {}
     for c in cases:
@@ -156,14 +157,16 @@ def predict(cases: list[dict], cache: dict, path: Path) -> None:
                 "model_bytes": e.model_bytes, "low": e.model_bytes_low,
                 "high": e.model_bytes_high, "held": est.held_model_bytes(c["batch"]),
                 "features": est.features(c["batch"]),
-                "plays": [est.features(c["batch"], g) for g in plays_of(c["batch"])]}
+                "plays": [est.features(c["batch"], g, BREADTH_FIRST)
+                          for g in plays_of(c["batch"])]}
         save(path, cache)
         print(f"predicted {name} {dtype} {allocator} ({time.time() - t:.0f} s)",
               file=sys.stderr, flush=True)
 
 
 def plays_of(batch: int) -> list[int]:
-    """The plays :meth:`memfit.estimate.Estimator.held_model_bytes` takes the largest of."""
+    """The batch sizes of the plays :meth:`memfit.estimate.Estimator.held_model_bytes`
+    takes the largest of (each breadth first)."""
     out, g = [], 1
     while g <= batch:
         out, g = [*out, g], g * 2

@@ -149,3 +149,19 @@ def test_find_batch_size_doubles_from_1_when_the_estimate_has_no_answer(monkeypa
     r = find_batch_size(TINY, "1GiB", max_trials=12)
     assert tried[:8] == [1, 2, 4, 8, 16, 32, 64, 128]
     assert r.batch_size == 100 and 100 < r.smallest_failing <= 128
+
+
+def test_the_high_end_plays_breadth_first_at_every_power_of_two(tiny):
+    # The point plays TensorFlow's depth-first order; the high end holds the runs whose
+    # threads start every ready op side by side: the breadth-first plays at each power
+    # of two up to the batch, the largest of them.
+    from memfit.estimate.fitted import predict_from_features
+    from memfit.estimate.schedule import BREADTH_FIRST, DEPTH_FIRST
+
+    for batch in (1, 24, 64):
+        held = tiny.held_model_bytes(batch)
+        plays = {order: [predict_from_features(tiny.features(batch, g, order), tiny.constants)
+                         for g in (1, 2, 4, 8, 16, 32, 64) if g <= batch]
+                 for order in (BREADTH_FIRST, DEPTH_FIRST)}
+        assert held == max(plays[BREADTH_FIRST])
+        assert tiny.features(batch) == tiny.features(batch, batch, DEPTH_FIRST)

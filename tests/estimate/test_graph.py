@@ -1,9 +1,11 @@
 """The played step is the graph TensorFlow runs: the traced step after Grappler."""
 
+import itertools
+
 import keras
 
 from memfit.estimate import graph, kernels
-from memfit.estimate.schedule import Op
+from memfit.estimate.schedule import BREADTH_FIRST, ORDERS, Executor, Op
 from memfit.estimate.training import prepare
 
 
@@ -154,8 +156,33 @@ def test_two_executor_threads_hold_two_ready_ops_at_once():
     for threads in (1, 2):
         peaks[threads] = graph.StepGraph(ops, {"out:0"}, len(ops), threads=threads).peak(8)
     tensors = 3 * 1024                                      # x, a and b's outputs
-    assert peaks[1].bytes == 20 * mib + tensors and peaks[1].op == "b"
+    # One thread: a first (the thread goes on with the last op x made ready), then b,
+    # whose element-wise output takes over x's buffer: a has ended, b is x's last reader.
+    assert peaks[1].bytes == 20 * mib + 2 * 1024 and peaks[1].op == "b"
     assert peaks[2].bytes == 30 * mib + tensors and peaks[2].op == "b"
+
+
+def test_a_thread_follows_one_chain_depth_first_and_an_idle_thread_steals_the_other():
+    # g feeds two chains, p -> q and r -> s. The thread that ran g goes on with the last
+    # op it made ready (TensorFlow's executor runs it inline) and then with what that
+    # one made ready; the other chain waits in the thread's queue, and a second thread
+    # takes it from the back.
+    ops = [_op(0, "g", [], 0, 1), _op(1, "p", ["g:0"], 0, 10), _op(2, "q", ["p:0"], 0, 10),
+           _op(3, "r", ["g:0"], 0, 10), _op(4, "s", ["r:0"], 0, 10),
+           _op(5, "out", ["q:0", "s:0"], 0, 1)]
+    one = Executor(ops, {"out:0"}, threads=1, batch_size=1)
+    order = [e.op.name for e in one.play()][::2]            # one thread: start, end, ...
+    first = order[1]
+    then = {"p": "q", "r": "s"}
+    assert order[:3] == ["g", first, then[first]]          # one chain, depth first
+    two = Executor(ops, {"out:0"}, threads=2, batch_size=1)
+    two.play()
+    assert two.thread_of["g"] == two.thread_of[first] == two.thread_of[then[first]]
+    other = "r" if first == "p" else "p"
+    assert two.thread_of[other] == two.thread_of[then[other]] != two.thread_of["g"]
+    # Breadth first (the high end's second play): both chains' first ops, then the rest.
+    wide = Executor(ops, {"out:0"}, threads=1, batch_size=1, order=BREADTH_FIRST)
+    assert [e.op.name for e in wide.play()][::2] == ["g", "p", "r", "q", "s", "out"]
 
 
 def test_a_weight_gradient_matmul_takes_longer_with_the_batch():
@@ -293,14 +320,16 @@ def test_a_held_plays_curve_gives_the_peaks_the_play_gives_at_every_batch_size()
         for threshold in (None, 131072):
             for pool in (False, True):
                 extra = dict(pool=True, kept=kept, step_inputs=inputs) if pool else {}
-                for played_at in (1, 4, 16):
+                for played_at, order in itertools.product((1, 4, 16), ORDERS):
                     for batch in (played_at, played_at + 1, 3 * played_at, 64, 9000):
-                        p = step.peak(batch, threshold, played_at=played_at, **extra)
-                        got = step.held_peak(batch, played_at, threshold, **extra)
+                        p = step.peak(batch, threshold, played_at=played_at, order=order,
+                                      **extra)
+                        got = step.held_peak(batch, played_at, threshold, order=order,
+                                             **extra)
                         assert got == (p.bytes, p.heap_bytes, p.mmap_bytes, p.pool_bytes), \
-                            (step.threads, threshold, pool, played_at, batch)
+                            (step.threads, threshold, pool, played_at, batch, order)
                         compared += 1
-    assert compared == 4 * 2 * 2 * 3 * 5
+    assert compared == 4 * 2 * 2 * 3 * 2 * 5
     # The filter gradient's workspace is capped at a shard of images that batch 9000
     # passes (its pages beyond are never touched).
     (grad,) = [op for op in steps[0].run_ops if op.type == "Conv2DBackpropFilter"]

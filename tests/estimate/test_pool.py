@@ -2,7 +2,8 @@
 bfc_allocator.cc, and which of the play's buffers it serves."""
 
 from memfit.estimate.pool import POOL_THRESHOLD, Pool, play_pool
-from memfit.estimate.schedule import Executor, Op, peak
+from memfit.estimate.schedule import Executor, Op
+from memfit.estimate.step_peak import peak
 
 MiB = 2**20
 

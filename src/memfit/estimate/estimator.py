@@ -59,6 +59,7 @@ from memfit.estimate.layers import layer_rows, param_bytes, param_count
 from memfit.estimate.memory_estimate import Estimate, model_sum
 from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
 from memfit.estimate.optimizers import check_optimizer, name_of
+from memfit.estimate.schedule import BREADTH_FIRST, DEPTH_FIRST
 from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
 from memfit.estimate.xla import XlaEstimator
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend, require
@@ -167,7 +168,8 @@ class Estimator:
                               pool=True, kept=self.kept,
                               step_inputs=[self.per_sample_input])
 
-    def features(self, batch_size: int, played_at: int | None = None) -> dict[str, float]:
+    def features(self, batch_size: int, played_at: int | None = None,
+                 order: str = DEPTH_FIRST) -> dict[str, float]:
         """The raw terms of the estimate at ``batch_size`` (bytes), before the fitted
         constants: see :func:`~memfit.estimate.fitted.predict_from_features` and
             :data:`~memfit.estimate.fitted.FIT_TERMS`.
@@ -180,6 +182,8 @@ class Estimator:
             batch_size: samples per step.
             played_at: the play (op order, which buffers are mapped) taken at this batch
                 size, every buffer sized at ``batch_size`` (``None``: ``batch_size``).
+            order: with ``played_at``, the play's order
+                (:data:`~memfit.estimate.schedule.ORDERS`; the point plays TensorFlow's).
         """
         if played_at is None:
             p = self._peak(batch_size)
@@ -188,7 +192,8 @@ class Estimator:
             threshold = FIXED_MMAP_THRESHOLD if self.allocator == "fixed" else None
             pooled = dict(pool=True, kept=self.kept,
                           step_inputs=[self.per_sample_input]) if self.pooled else {}
-            found = self.step.held_peak(batch_size, played_at, threshold, **pooled)
+            found = self.step.held_peak(batch_size, played_at, threshold, order=order,
+                                        **pooled)
         return {"exact": self.exact(batch_size), "peak": found[0], "heap": found[1],
                 "mmap": found[2], "pool": found[3], "one": 1, "ops": self.step.graph_ops}
 
@@ -226,11 +231,15 @@ class Estimator:
 
     def held_model_bytes(self, batch_size: int) -> int:
         """``model_bytes`` held non-decreasing in the batch size: the largest prediction
-        at ``batch_size`` of the plays at the powers of two up to it (each play's op
-        order and glibc's split kept, every buffer sized at ``batch_size``). Under one
-        play every buffer grows with the batch; a larger batch adds plays: so the value
-        never falls as the batch grows, where the play of each batch size alone can
-        (its op order and which buffers glibc maps change with the batch).
+        at ``batch_size`` of the plays at the powers of two up to it, each breadth first
+        (:data:`~memfit.estimate.schedule.BREADTH_FIRST`: every ready op side by side,
+        more at once than TensorFlow's own order, which the point plays; its threads do
+        not always keep to that order, and the high end must hold the runs that hold
+        more: docs/estimate.md, "The play"), each play's op order and glibc's split kept,
+        every buffer sized at ``batch_size``. Under one play every buffer grows with the
+        batch; a larger batch adds plays: so the value never falls as the batch grows,
+        where the play of each batch size alone can (its op order and which buffers glibc
+        maps change with the batch).
 
         Example:
             >>> est = Estimator("mymodels:make_mlp")                         # doctest: +SKIP
@@ -244,8 +253,8 @@ class Estimator:
         while g <= batch_size:
             key = (g, batch_size)
             if key not in self._held:
-                self._held[key] = predict_from_features(self.features(batch_size, g),
-                                                        self.constants)
+                self._held[key] = predict_from_features(
+                    self.features(batch_size, g, BREADTH_FIRST), self.constants)
             best, g = max(best, self._held[key]), g * 2
         return best
 

@@ -51,15 +51,8 @@ from memfit.estimate.kernels import (
     widening,
     workspace,
 )
-from memfit.estimate.schedule import (
-    Executor,
-    Op,
-    Peak,
-    PeakCurve,
-    StepEvent,
-    executor_threads,
-    peak,
-)
+from memfit.estimate.schedule import DEPTH_FIRST, Executor, Op, StepEvent, executor_threads
+from memfit.estimate.step_peak import Peak, PeakCurve, peak
 from memfit.quiet import filtered_stderr
 
 __all__ = ["StepGraph", "trace"]
@@ -100,8 +93,9 @@ class StepGraph:
         self.scopes = scopes or {}
         self.threads = executor_threads() if threads is None else checks.count(
             "threads", threads, example=2)
-        self._events: dict[int, list[StepEvent]] = {}     # batch size (0: any) -> the play
-        self._pools: dict[int, dict] = {}             # the same key -> its pools played
+        # (batch size (0: any), order) -> the play, and the pools played from it
+        self._events: dict[tuple[int, str], list[StepEvent]] = {}
+        self._pools: dict[tuple[int, str], dict] = {}
         self._curves: dict[tuple, PeakCurve] = {}     # a play with its split held
         self._index = {op.name: op.index for op in ops}
 
@@ -120,22 +114,23 @@ class StepGraph:
 
     # -- the schedule -------------------------------------------------------------------
 
-    def schedule(self, batch_size: int) -> list[StepEvent]:
+    def schedule(self, batch_size: int, order: str = DEPTH_FIRST) -> list[StepEvent]:
         """The play of the step's ops at ``batch_size``: an event when each op starts and
-        one when it ends, in time order (:class:`~memfit.estimate.schedule.Executor`).
-        With one thread the order does not depend on the batch size (played once)."""
-        key = self._play_key(batch_size)
+        one when it ends, in time order (:class:`~memfit.estimate.schedule.Executor`, in
+        ``order``). With one thread the order does not depend on the batch size (played
+        once)."""
+        key = (self._play_key(batch_size), order)
         if key not in self._events:
             self._events[key] = Executor(self.run_ops, self.fetches, threads=self.threads,
-                                         batch_size=batch_size).play()
+                                         batch_size=batch_size, order=order).play()
         return self._events[key]
 
     def peak(self, batch_size: int, mmap_threshold: int | None = None, *,
              played_at: int | None = None, pool: bool = False, kept: Iterable[int] = (),
-             step_inputs: Iterable[int] = ()) -> Peak:
+             step_inputs: Iterable[int] = (), order: str = DEPTH_FIRST) -> Peak:
         """The simulated peak of live tensor bytes at ``batch_size``, and the peaks of
         the buffers glibc serves from its heap and from ``mmap`` (see
-        :class:`~memfit.estimate.schedule.Peak`).
+        :class:`~memfit.estimate.step_peak.Peak`).
 
         Args:
             batch_size: samples per step.
@@ -148,29 +143,31 @@ class StepGraph:
                 non-decreasing in ``batch_size``.
             pool, kept, step_inputs: the process allocates through oneDNN's pool; the
                 buffers it keeps, and the bytes per sample of those each step takes
-                first (see :func:`~memfit.estimate.schedule.peak`).
+                first (see :func:`~memfit.estimate.step_peak.peak`).
+            order: the play's order (:data:`~memfit.estimate.schedule.ORDERS`).
         """
         first = self._first_backward()
         at = batch_size if played_at is None else played_at
-        return peak(self.schedule(at), batch_size, mmap_threshold,
+        return peak(self.schedule(at, order), batch_size, mmap_threshold,
                     is_backward=lambda name: self._index.get(name, first) >= first,
                     split_batch=played_at, pool=pool, kept=kept, step_inputs=step_inputs,
-                    memo=self._pools.setdefault(self._play_key(at), {}))
+                    memo=self._pools.setdefault((self._play_key(at), order), {}))
 
     def held_peak(self, batch_size: int, played_at: int, mmap_threshold: int | None = None, *,
                   pool: bool = False, kept: Iterable[int] = (),
-                  step_inputs: Iterable[int] = ()) -> tuple[int, int, int, int]:
+                  step_inputs: Iterable[int] = (),
+                  order: str = DEPTH_FIRST) -> tuple[int, int, int, int]:
         """``(bytes, heap_bytes, mmap_bytes, pool_bytes)`` of :meth:`peak` with
-        ``played_at``, from the play's :class:`~memfit.estimate.schedule.PeakCurve` (made
+        ``played_at``, from the play's :class:`~memfit.estimate.step_peak.PeakCurve` (made
         once per play and split): the same integers, without playing the events again
         for each batch size (the estimate's high end asks for many)."""
         kept, step_inputs = tuple(kept), tuple(step_inputs)
-        key = (self._play_key(played_at), played_at, mmap_threshold, pool, kept, step_inputs)
+        play = (self._play_key(played_at), order)
+        key = (play, played_at, mmap_threshold, pool, kept, step_inputs)
         if key not in self._curves:
             self._curves[key] = PeakCurve(
-                self.schedule(played_at), played_at, mmap_threshold, pool=pool, kept=kept,
-                step_inputs=step_inputs,
-                memo=self._pools.setdefault(self._play_key(played_at), {}))
+                self.schedule(played_at, order), played_at, mmap_threshold, pool=pool,
+                kept=kept, step_inputs=step_inputs, memo=self._pools.setdefault(play, {}))
         return self._curves[key].at(batch_size)
 
     def _play_key(self, batch_size: int) -> int:

@@ -1,19 +1,21 @@
 """The play: the training step's ops run the way TensorFlow's executor runs them, and the
 buffers they hold over time.
 
-An op starts when its inputs (and control inputs) are ready, in the order they became
-ready, on one of ``threads`` executor threads (TensorFlow's inter-op pool has a thread
-per CPU: while one thread is in a long convolution, another runs what else is ready, an
-optimizer update say, and both hold their memory at once), and runs for a time estimated
-from its work (:func:`memfit.estimate.kernels.cost`). When it starts, its outputs are
-allocated (or, for element-wise ops, take over an input buffer that nobody else needs:
+An op starts when its inputs (and control inputs) are ready, on one of ``threads``
+executor threads (TensorFlow's inter-op pool has a thread per CPU: while one thread is in
+a long convolution, another runs what else is ready, an optimizer update say, and both
+hold their memory at once), chosen as TensorFlow's executor and Eigen's pool choose
+(:meth:`Executor.schedule_ready`, :meth:`Executor.next_op`: the thread whose op ended goes
+on with one op it made ready, depth first), and runs for a time estimated from its work
+(:func:`memfit.estimate.kernels.cost`). When it starts, its outputs are allocated (or,
+for element-wise ops, take over an input buffer that no other reader still needs:
 TensorFlow forwards such buffers in place) with the working buffer its CPU kernel
 allocates; views share their input's buffer. When it ends, its working buffers are freed,
 and so is every tensor it read for the last time. Ops whose results nobody reads are
 pruned first, as Grappler prunes them.
 
-:class:`Executor` plays the ops and returns the events in time order; :func:`peak` reads
-the live bytes at their worst moment at one batch size, and how glibc serves them.
+:class:`Executor` plays the ops and returns the events in time order;
+:func:`memfit.estimate.step_peak.peak` reads the live bytes at their worst moment.
 
 Example:
     >>> ops = [Op(0, "x", "Mul", [], [], [("x:0", 0, 4)]),
@@ -21,8 +23,6 @@ Example:
     >>> events = Executor(ops, {"y:0"}, threads=1, batch_size=1).play()
     >>> [(e.op.name, len(e.allocated), e.freed) for e in events]
     [('x', 1, []), ('x', 0, []), ('y', 1, []), ('y', 0, [0])]
-    >>> peak(events, 100, None, is_backward=lambda name: False).bytes   # x and y
-    1200
 """
 
 from __future__ import annotations
@@ -31,19 +31,26 @@ import collections
 import dataclasses
 import heapq
 import os
-from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
-from memfit.estimate.kernels import FORWARDING, PURE, VIEWS, tensor_bytes
-from memfit.estimate.pool import POOL_THRESHOLD, PoolPeak, play_pool
+from memfit.estimate.kernels import FORWARDING, PURE, VIEWS
 
-__all__ = ["Op", "Buffer", "StepEvent", "Executor", "Peak", "PeakCurve", "peak", "prune",
-           "executor_threads", "MMAP_THRESHOLD_MAX"]
+__all__ = ["Op", "Buffer", "StepEvent", "Executor", "INEXPENSIVE", "DEPTH_FIRST",
+           "BREADTH_FIRST", "ORDERS", "prune", "executor_threads"]
 
-# glibc raises its mmap threshold to the size of each mapped block freed, up to 32 MiB on
-# 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): after the first step, smaller buffers come from
-# the heap arenas (and stay there when freed), larger ones are mapped and unmapped.
-MMAP_THRESHOLD_MAX = 32 * 2**20
+#: The play's orders (:class:`Executor`): TensorFlow's own (``"depth"``: a thread goes on
+#: with an op its last op made ready), and every ready op in the order it became ready,
+#: any thread taking the oldest (``"breadth"``: chains side by side, and an input buffer
+#: forwarded only to a tensor's single reader). The estimate's point plays the first;
+#: its high end the second (TensorFlow's threads do not always keep to its own order:
+#: docs/estimate.md, "The play").
+DEPTH_FIRST, BREADTH_FIRST = "depth", "breadth"
+ORDERS = (DEPTH_FIRST, BREADTH_FIRST)
+
+#: Kernels whose ``IsExpensive()`` is false: TensorFlow's executor runs them inline on the
+#: thread that made them ready (constants, views and shape queries).
+INEXPENSIVE = VIEWS | {"Const", "Shape", "ShapeN", "Rank", "Size", "BroadcastGradientArgs",
+                       "NoOp", "VarHandleOp"}
 
 
 def executor_threads() -> int:
@@ -130,9 +137,14 @@ class Executor:
         fetches: the tensors the step returns (never freed).
         threads: executor threads (see :func:`executor_threads`).
         batch_size: samples per step (it sets the ops' durations).
+        order: :data:`DEPTH_FIRST` (TensorFlow's executor) or :data:`BREADTH_FIRST`.
     """
 
-    def __init__(self, ops: list[Op], fetches: set[str], *, threads: int, batch_size: int):
+    def __init__(self, ops: list[Op], fetches: set[str], *, threads: int, batch_size: int,
+                 order: str = DEPTH_FIRST):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
+        self.order = order
         self.ops = prune(ops, fetches)
         self.fetches = fetches
         self.threads = threads
@@ -148,8 +160,14 @@ class Executor:
         self.holds: dict[str, list[int]] = {}   # live tensor -> the buffers it keeps alive
         self.users: collections.Counter = collections.Counter()   # live tensors per buffer
         self.buffers: list[Buffer] = []
-        self.ready = collections.deque(op for op in self.ops if self.waiting[op.name] == 0)
-        self.running: list = []                 # heap of (end time, order, op, scratch)
+        # The step's first ops go to the pool from outside it; an op that ends hands the
+        # ops it made ready to its own thread (see schedule_ready).
+        self.outside = collections.deque(op for op in self.ops if self.waiting[op.name] == 0)
+        self.inline: list[collections.deque] = [collections.deque() for _ in range(threads)]
+        self.queue: list[collections.deque] = [collections.deque() for _ in range(threads)]
+        self.idle: list[int] = list(range(threads))
+        self.thread_of: dict[str, int] = {}     # op -> the thread that ran it
+        self.running: list = []       # heap of (end time, order, op, scratch, thread)
         self.started: set[str] = set()
         self.events: list[StepEvent] = []
         self.now = 0
@@ -168,25 +186,42 @@ class Executor:
 
     def play(self) -> list[StepEvent]:
         """Runs every op; returns the events in time order."""
-        while self.ready or self.running:
+        while True:
             self.start_ready_ops()
-            if self.running:
-                self.finish_next()
-        return self.events
+            if not self.running:
+                return self.events
+            self.finish_next()
 
     # -- an op starts ----------------------------------------------------------------------
 
     def start_ready_ops(self) -> None:
-        """Free threads take the ready ops, in the order they became ready."""
-        while self.ready and len(self.running) < self.threads:
-            op = self.ready.popleft()
-            if op.name not in self.started:
+        """Each idle thread takes its next op (:meth:`next_op`) until none is left."""
+        for thread in sorted(self.idle):
+            op = self.next_op(thread)
+            if op is not None:
+                self.idle.remove(thread)
                 self.started.add(op.name)
-                self.start(op)
+                self.start(op, thread)
 
-    def start(self, op: Op) -> None:
-        """``op`` starts: its outputs, its accumulators and its kernel scratch are
-        allocated; it runs until ``now`` + its duration."""
+    def next_op(self, thread: int) -> Op | None:
+        """What ``thread`` runs next, as Eigen's pool and TensorFlow's executor choose
+        it: the ops its last op made ready to run inline, in order; else the newest op
+        in its own queue (Eigen pushes and pops a worker's own tasks at the front); else
+        the oldest op in another thread's queue (stolen from the back); else one of the
+        step's first ops."""
+        others = [self.queue[(thread + i) % self.threads] for i in range(1, self.threads)]
+        for source, take in ((self.inline[thread], "popleft"), (self.queue[thread], "popleft"),
+                             *((q, "pop") for q in others), (self.outside, "popleft")):
+            while source:
+                op = getattr(source, take)()
+                if op.name not in self.started:
+                    return op
+        return None
+
+    def start(self, op: Op, thread: int = 0) -> None:
+        """``op`` starts on ``thread``: its outputs, its accumulators and its kernel
+        scratch are allocated; it runs until ``now`` + its duration."""
+        self.thread_of[op.name] = thread
         allocated: list[Buffer] = []
         for i, (t, fixed, per) in enumerate(op.outputs):
             if op.type in VIEWS:
@@ -206,7 +241,7 @@ class Executor:
         self.events.append(StepEvent(op, allocated, []))
         end = (self.now + op.cost[0] + op.cost[1] * self.batch_size if self.threads > 1
                else self.now)
-        heapq.heappush(self.running, (end, len(self.events), op, scratch))
+        heapq.heappush(self.running, (end, len(self.events), op, scratch, thread))
 
     def share_input(self, op: Op, i: int, tensor: str) -> None:
         """A view: output ``i`` keeps its input's buffers (nothing for a variable or a
@@ -217,13 +252,15 @@ class Executor:
             self.hold(tensor, list(self.holds[source]))
 
     def forwarded_input(self, op: Op, fixed: int, per: int) -> list[int] | None:
-        """The buffer of an input that ``op`` may write over in place: of its size, read
-        by ``op`` alone (with several readers, which one runs last depends on the
-        threads: TensorFlow forwards only when nobody else holds a reference), and not
-        returned by the step. Taken from that input; ``None`` when there is none."""
+        """The buffer of an input that ``op`` may write over in place: of its size, with
+        no reader left but ``op`` (TensorFlow forwards when nobody else holds a
+        reference: a reader that has ended dropped its own, one still running has not;
+        breadth first, only to a tensor's single reader), and not returned by the step.
+        Taken from that input; ``None`` when there is none."""
         for t_in in op.inputs:
             buffers = self.holds.get(t_in)
-            if (buffers and len(buffers) == 1 and self.readers[t_in] == 1
+            readers = self.reads if self.order == DEPTH_FIRST else self.readers
+            if (buffers and len(buffers) == 1 and readers[t_in] == 1
                     and self.users[buffers[0]] == 1 and t_in not in self.fetches
                     and self.buffers[buffers[0]].fixed == fixed
                     and self.buffers[buffers[0]].per == per):
@@ -258,12 +295,14 @@ class Executor:
 
     def finish_next(self) -> None:
         """The running op that ends first frees its thread."""
-        self.now, _, op, scratch = heapq.heappop(self.running)
-        self.finish(op, scratch)
+        self.now, _, op, scratch, thread = heapq.heappop(self.running)
+        self.finish(op, scratch, thread)
+        self.idle.append(thread)
 
-    def finish(self, op: Op, scratch: list[int]) -> None:
+    def finish(self, op: Op, scratch: list[int], thread: int = 0) -> None:
         """``op`` ends: its scratch is freed, and its outputs nobody reads and its inputs
-        nobody will read any more are released; the ops waiting only for it are ready."""
+        nobody will read any more are released; the ops waiting only for it are ready
+        (:meth:`schedule_ready`)."""
         freed: list[int] = list(scratch)
         inputs = set(op.inputs)
         for t in inputs:
@@ -272,10 +311,44 @@ class Executor:
             if self.reads[t] == 0 and t not in self.fetches:
                 self.release(t, freed)
         self.events.append(StepEvent(op, [], freed))
+        ready = []
         for c in self.consumers[op.name]:
             self.waiting[c.name] -= 1
             if self.waiting[c.name] == 0:
-                self.ready.append(c)
+                ready.append(c)
+        self.schedule_ready(ready, thread)
+
+    def schedule_ready(self, ready: list[Op], thread: int) -> None:
+        """TensorFlow's ``ExecutorState::ScheduleReady`` on the thread whose op made
+        ``ready`` ready: inexpensive ops (:data:`INEXPENSIVE`) run inline on that thread;
+        of the others, the last one too when nothing is inline, and the rest go to the
+        front of the thread's queue, where an idle thread steals them from the back. (On
+        CPU every kernel counts as expensive until it has run some 90 times, its cost
+        estimate decaying from 10^8 cycles: always, in the steps measured here.) So a
+        thread follows a chain of element-wise ops depth first, Adam's update of one
+        variable at a time, rather than starting every ready op side by side. Breadth
+        first: ``ready`` joins the one queue every thread takes the oldest op from."""
+        if self.order == BREADTH_FIRST:
+            self.outside.extend(ready)
+            return
+        last: Op | None = None
+        expensive: list[Op] = []
+        # In the reverse of the order the traced graph lists the readers: it matched the
+        # profiler's trace of TensorFlow's runs (docs/estimate.md, "The play").
+        for op in reversed(ready):
+            if op.type in INEXPENSIVE:
+                self.inline[thread].append(op)
+            else:
+                if last is not None:
+                    expensive.append(last)
+                last = op
+        if last is not None:
+            if self.inline[thread]:
+                expensive.append(last)
+            else:
+                self.inline[thread].append(last)
+        for op in expensive:
+            self.queue[thread].appendleft(op)
 
     # -- buffers ---------------------------------------------------------------------------
 
@@ -300,260 +373,3 @@ class Executor:
             self.users[b] -= 1
             if self.users[b] == 0:
                 freed.append(b)
-
-
-@dataclasses.dataclass
-class Peak:
-    """The simulated peak of a training step at one batch size.
-
-    Attributes:
-        bytes: live tensor bytes at the peak (variables and the input batch excluded).
-        op: the op running when the peak was reached.
-        backward_bytes: of those, bytes of tensors produced by the backward pass
-            (gradients and their temporaries).
-        forward_bytes: bytes of tensors produced by the forward pass (activations kept
-            for the backward pass, and the loss).
-        by_layer: bytes at the peak per layer name (forward tensors, by producing op).
-        heap_bytes: the peak of live buffers small enough for glibc to serve from its
-            heap once the step has run (at most :data:`MMAP_THRESHOLD_MAX`, or the
-            largest buffer): memory glibc keeps after they are freed.
-        mmap_bytes: the peak of live larger buffers, which glibc maps and unmaps.
-        pool_bytes: with oneDNN's allocator, the pages of its pool the steps wrote,
-            beyond the kept buffers (:func:`~memfit.estimate.pool.play_pool`): it serves
-            the buffers of :data:`~memfit.estimate.pool.POOL_THRESHOLD` or more, which
-            are then in neither ``heap_bytes`` nor ``mmap_bytes``.
-        pool_in_use: the pool's peak of bytes in use during a step.
-    """
-
-    bytes: int
-    op: str
-    backward_bytes: int
-    forward_bytes: int
-    by_layer: dict[str, int]
-    heap_bytes: int = 0
-    mmap_bytes: int = 0
-    pool_bytes: int = 0
-    pool_in_use: int = 0
-
-
-#: Training steps the pool is played through (the pages it touches add up over steps).
-POOL_STEPS = 4
-
-
-def peak(events: list[StepEvent], batch_size: int, mmap_threshold: int | None, *,
-         is_backward: Callable[[str], bool], split_batch: int | None = None,
-         pool: bool = False, kept: Iterable[int] = (), step_inputs: Iterable[int] = (),
-         memo: dict | None = None) -> Peak:
-    """The peak of live bytes over ``events`` at ``batch_size``, and the peaks of the
-    buffers glibc serves from its heap and from ``mmap`` (see :class:`Peak`).
-
-    Args:
-        events: a play (:meth:`Executor.play`).
-        batch_size: samples per step.
-        mmap_threshold: glibc's mmap threshold in bytes when it is fixed (buffers of at
-            least this size are mapped); ``None``: glibc's dynamic threshold, which ends
-            at the largest buffer of the step (at most 32 MiB).
-        is_backward: whether a buffer made by the op of this name is the backward
-            pass's.
-        split_batch: decide which buffers glibc maps from their sizes at this batch
-            size instead (``None``: at ``batch_size``). With the play and the split
-            held, every peak is non-decreasing in ``batch_size`` (what the estimate's
-            high end needs: a buffer that crosses the threshold would otherwise move
-            from the heap's scale to the mapped one).
-        pool: the process allocates through oneDNN's pool (:mod:`memfit.estimate.pool`),
-            played over :data:`POOL_STEPS` steps.
-        kept: the pool's buffers made before the step and kept (variables, slots).
-        step_inputs: the bytes per sample of the buffers each step takes first (the
-            input batch).
-        memo: a dict kept by the caller across calls with the same ``events``: the
-            pool's play depends on ``split_batch`` only, so it is played once for each
-            (the estimate's high end asks for the same play at many batch sizes).
-
-    With ``split_batch``, the pool is played with the buffers sized at ``split_batch``
-    too, and its pages scale with the peak of the pooled buffers at ``batch_size``: the
-    pool's placement changes with the sizes (it can need fewer pages for larger
-    buffers), its share of waste is kept from the play.
-    """
-    split_at = batch_size if split_batch is None else split_batch
-    threshold = _largest_heap_buffer(events, split_at, mmap_threshold)
-
-    def served_by(b: Buffer) -> str:
-        return _served_by(b, split_at, threshold, mmap_threshold, pool)
-
-    live: dict[int, tuple[int, str, str]] = {}
-    total = 0
-    by_kind = dict.fromkeys(("heap", "mapped", "pool"), 0)
-    peaks = dict(by_kind)
-    pool_events: list[tuple[list[tuple[Hashable, int]], list[Hashable]]] = []
-    pieces: dict[int, list[Hashable]] = {}     # a pooled buffer: the pool's allocations
-    played_size: dict[int, int] = {}           # a pooled buffer's size at split_at
-    at_split = split_peak = 0                  # pooled bytes live at split_at sizes
-    best, best_at, best_live = -1, "", {}
-    for op, allocated, freed in events:
-        pooled: list[tuple[Hashable, int]] = []
-        for b in allocated:
-            size = tensor_bytes(b.fixed, b.per, b.cap, batch_size)
-            kind = served_by(b)
-            live[b.id] = (size, b.owner, kind)
-            total += size
-            by_kind[kind] += size
-            peaks[kind] = max(peaks[kind], by_kind[kind])
-            if kind == "pool":
-                n = max(b.items, 1)
-                pieces[b.id] = [(b.id, i) for i in range(n)]
-                played_size[b.id] = tensor_bytes(b.fixed, b.per, b.cap, split_at)
-                pooled += [(piece, played_size[b.id] // n) for piece in pieces[b.id]]
-                at_split += played_size[b.id]
-                split_peak = max(split_peak, at_split)
-        if total > best:
-            best, best_at, best_live = total, op.name, dict(live)
-        unpooled: list[Hashable] = []
-        for b_id in freed:
-            size, _, kind = live.pop(b_id)
-            total -= size
-            by_kind[kind] -= size
-            if kind == "pool":
-                unpooled += pieces.pop(b_id)
-                at_split -= played_size.pop(b_id)
-        if pool:
-            pool_events.append((pooled, unpooled))
-    kept, step_inputs = tuple(kept), tuple(step_inputs)
-    inputs = sum(step_inputs)
-    key = (split_at, mmap_threshold, kept, step_inputs)
-    if not pool:
-        the_pool = PoolPeak()
-    elif memo is not None and key in memo:
-        the_pool = memo[key]
-    else:
-        the_pool = play_pool([pool_events] * POOL_STEPS, kept=kept,
-                             step_inputs=[per * split_at for per in step_inputs])
-        if memo is not None:
-            memo[key] = the_pool
-    pages = the_pool.touched
-    if pool and split_at != batch_size and split_peak + inputs:
-        pages = round(pages * (peaks["pool"] + inputs * batch_size)
-                      / (split_peak + inputs * split_at))
-    backward, forward, by_layer = _by_pass(best_live.values(), is_backward)
-    return Peak(bytes=max(best, 0), op=best_at, backward_bytes=backward,
-                forward_bytes=forward, by_layer=by_layer, heap_bytes=peaks["heap"],
-                mmap_bytes=peaks["mapped"], pool_bytes=pages,
-                pool_in_use=the_pool.in_use)
-
-
-def _served_by(b: Buffer, split_at: int, threshold: int, mmap_threshold: int | None,
-               pool: bool) -> str:
-    """``pool`` (oneDNN's pool), ``mapped`` (glibc maps it) or ``heap``: decided from the
-    buffer's size at ``split_at``."""
-    size = tensor_bytes(b.fixed, b.per, b.cap, split_at)
-    each = size // max(b.items, 1)          # an accumulator: many tensors, each its own
-    if pool and each >= POOL_THRESHOLD:
-        return "pool"
-    if b.items:
-        return "mapped" if mmap_threshold is not None and each > threshold else "heap"
-    return "mapped" if size > threshold else "heap"
-
-
-class PeakCurve:
-    """:func:`peak`'s byte figures for one play with glibc's split held at ``split_batch``
-    (``peak(..., split_batch=split_batch)``), at any batch size, without playing the
-    events again: every buffer's kind is fixed by the split, its size is
-    ``tensor_bytes`` at the batch size, and the live bytes of each kind after each
-    event's allocations are sums over the buffers' lifetimes (a cumulative sum). The
-    same integers as :func:`peak` (``tests/estimate/test_graph.py`` compares them); the
-    estimate's high end asks for one play at many batch sizes.
-
-    Example:
-        >>> ops = [Op(0, "x", "Mul", [], [], [("x:0", 0, 4)]),
-        ...        Op(1, "y", "Mul", ["x:0"], [], [("y:0", 0, 8)])]
-        >>> events = Executor(ops, {"y:0"}, threads=1, batch_size=1).play()
-        >>> PeakCurve(events, 1, None).at(100)       # bytes, heap, mapped, pool pages
-        (1200, 1200, 0, 0)
-
-    Args:
-        events, mmap_threshold, pool, kept, step_inputs, memo: as for :func:`peak`.
-        split_batch: the batch size the split (and the pool's play) is taken at.
-    """
-
-    def __init__(self, events: list[StepEvent], split_batch: int, mmap_threshold: int | None,
-                 *, pool: bool = False, kept: Iterable[int] = (),
-                 step_inputs: Iterable[int] = (), memo: dict | None = None):
-        import numpy as np
-
-        step_inputs = tuple(step_inputs)
-        self._split, self._pool = split_batch, pool
-        self._inputs = sum(step_inputs)
-        self._touched = peak(events, split_batch, mmap_threshold, is_backward=lambda _: False,
-                             split_batch=split_batch, pool=pool, kept=kept,
-                             step_inputs=step_inputs, memo=memo).pool_bytes
-        threshold = _largest_heap_buffer(events, split_batch, mmap_threshold)
-        kinds = ("heap", "mapped", "pool")
-        rows: list[list[int]] = []          # fixed, per, cap, kind, start, end
-        open_: dict[int, int] = {}
-        for t, (_, allocated, freed) in enumerate(events):
-            for b in allocated:
-                kind = kinds.index(_served_by(b, split_batch, threshold, mmap_threshold, pool))
-                open_[b.id] = len(rows)
-                rows.append([b.fixed, b.per, b.cap, kind, t, len(events)])
-            for b_id in freed:
-                rows[open_.pop(b_id)][5] = t + 1
-        table = np.array(rows, dtype=np.int64).reshape(-1, 6)
-        self._n = len(events)
-        self._fixed, self._per, self._cap = table[:, 0], table[:, 1], table[:, 2]
-        self._kind, self._start, self._end = table[:, 3], table[:, 4], table[:, 5]
-        self._split_peak = self._peaks(split_batch)[3]
-
-    def _peaks(self, batch_size: int) -> tuple[int, int, int, int]:
-        """The most live bytes after any event's allocations: in all, and of the
-        buffers of each kind (heap, mapped, pool)."""
-        import numpy as np
-
-        size = self._fixed + self._per * batch_size
-        size = np.where(self._cap > 0, np.minimum(size, self._cap), size)
-        total = np.zeros(self._n, dtype=np.int64)
-        peaks = []
-        for k in range(3):
-            mine = self._kind == k
-            change = np.zeros(self._n + 1, dtype=np.int64)
-            np.add.at(change, self._start[mine], size[mine])
-            np.subtract.at(change, self._end[mine], size[mine])
-            live = np.cumsum(change[:-1])
-            total += live
-            peaks.append(max(0, int(live.max())) if self._n else 0)
-        return (max(0, int(total.max())) if self._n else 0, *peaks)
-
-    def at(self, batch_size: int) -> tuple[int, int, int, int]:
-        """``(bytes, heap_bytes, mmap_bytes, pool_bytes)`` of :func:`peak` at
-        ``batch_size``."""
-        best, heap, mapped, pooled = self._peaks(batch_size)
-        pages = self._touched
-        if self._pool and self._split != batch_size and self._split_peak + self._inputs:
-            pages = round(pages * (pooled + self._inputs * batch_size)
-                          / (self._split_peak + self._inputs * self._split))
-        return best, heap, mapped, pages
-
-
-def _largest_heap_buffer(events: list[StepEvent], batch_size: int,
-                         mmap_threshold: int | None) -> int:
-    """The largest buffer glibc serves from its heap: below a fixed ``mmap_threshold``;
-    else (glibc's dynamic threshold) the largest buffer of the step, up to
-    :data:`MMAP_THRESHOLD_MAX`."""
-    if mmap_threshold is not None:
-        return mmap_threshold - 1
-    largest = max((tensor_bytes(b.fixed, b.per, b.cap, batch_size) for e in events
-                   for b in e.allocated if not b.items), default=0)
-    return min(MMAP_THRESHOLD_MAX, largest)
-
-
-def _by_pass(live: Iterable[tuple[int, str, bool]], is_backward: Callable[[str], bool]
-             ) -> tuple[int, int, dict[str, int]]:
-    """Live ``(size, owner, mapped)`` buffers split into backward and forward bytes, and
-    the forward bytes by the op that made them."""
-    backward = forward = 0
-    by_layer: dict[str, int] = collections.defaultdict(int)
-    for size, name, _ in live:
-        if is_backward(name):
-            backward += size
-        else:
-            forward += size
-            by_layer[name] += size
-    return backward, forward, dict(by_layer)
