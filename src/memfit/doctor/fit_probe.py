@@ -63,7 +63,7 @@ from memfit.env import (
     WORKDIR_ENV,
     env_int,
 )
-from memfit.memory.allocator import ReleaseProbe
+from memfit.memory.allocator import ReleaseProbe, malloc_free
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 
@@ -99,6 +99,8 @@ class _State:
     step_rss: list = dataclasses.field(default_factory=list)
     step_t: list = dataclasses.field(default_factory=list)
     epoch_rss: list = dataclasses.field(default_factory=list)
+    step_free: list = dataclasses.field(default_factory=list)     # glibc's free bytes, beside
+    epoch_free: list = dataclasses.field(default_factory=list)    # ... step_rss and epoch_rss
     rss_before_fit: int | None = None
     rss_first_step: int | None = None
     fit_started: float | None = None
@@ -242,6 +244,7 @@ def _callback_class(keras: Any) -> type:
             s = sample()
             st.steps += 1
             st.step_rss.append(_anon(s))
+            st.step_free.append(malloc_free())
             st.step_t.append(s.t)
             if st.rss_first_step is None:
                 st.rss_first_step = _anon(s)
@@ -259,6 +262,7 @@ def _callback_class(keras: Any) -> type:
             st = _state()
             s = sample()
             st.epoch_rss.append(_anon(s))
+            st.epoch_free.append(malloc_free())
             st.epochs += 1
             log = _log(st)
             if log is not None:
@@ -375,17 +379,21 @@ def _verdict(st: _State) -> dict | None:
     warmup = 1
     if len(st.epoch_rss) >= MIN_EPOCH_VALUES:
         values, basis = list(st.epoch_rss), "epochs"
+        free: list | None = list(st.epoch_free)
         unit = st.steps / len(st.epoch_rss)
     elif len(st.step_rss) >= 2 * SLICES:
         n = len(st.step_rss)
-        bounds = [round(i * n / SLICES) for i in range(SLICES + 1)]
-        values = [statistics.median(st.step_rss[a:b]) for a, b in zip(bounds, bounds[1:],
-                                                                      strict=False)]
+        bounds = list(zip((round(i * n / SLICES) for i in range(SLICES)),
+                          (round(i * n / SLICES) for i in range(1, SLICES + 1)), strict=True))
+        values = [statistics.median(st.step_rss[a:b]) for a, b in bounds]
+        free = [statistics.median(st.step_free[a:b]) for a, b in bounds] \
+            if None not in st.step_free else None
         basis, unit, warmup = "steps", n / SLICES, WARMUP_SLICES
     else:
         return None
     verdict = classify(values, warmup_epochs=warmup,
-                       trim_probe=malloc_trim if trim_available() else None)
+                       trim_probe=malloc_trim if trim_available() else None,
+                       held=None if free is None or None in free else free)
     return {**verdict.to_record(), "basis": basis, "steps_per_value": unit,
             "per_step": verdict.slope / unit if unit else None, "values": values}
 

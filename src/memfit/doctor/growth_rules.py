@@ -7,7 +7,8 @@ allocator-retention  after ``del`` + ``gc.collect()`` between ``fit`` calls, a
                      ``malloc_trim(0)`` gave back at least ``KEPT_MIN`` (the seed story: data
                      built in Python lists every epoch); it takes in data-in-ram's fix
 memory-growth        the classifier's verdict on the run's memory is a leak, or allocator
-                     retention of at least ``RETENTION_MIN`` (or a warm-up of ``WARMUP_MIN``)
+                     retention of at least ``RETENTION_MIN`` (not when allocator-retention
+                     applies: the same memory), or a warm-up of ``WARMUP_MIN``
 ===================  ========================================================================
 
 Example:
@@ -106,6 +107,8 @@ def _growth_verdict(f: Facts) -> Mapping[str, Any] | None:
     if not v or "verdict" not in v:
         return None
     kind, growth, peak = v["verdict"], int(v.get("growth", 0)), f.peak
+    if kind == "allocator-retention" and kept_after_del(f) is not None:
+        return None                     # the same memory, measured after del: one finding
     if kind == "warm-up":
         worth = growth >= WARMUP_MIN and growth >= WARMUP_SHARE * peak
     elif kind == "allocator-retention":
@@ -137,6 +140,9 @@ def _growth_measured(f: Facts, v: Mapping[str, Any], planned: int | None) -> tup
                 f"values ({unit}{steps})")
     if per_step:
         measured += f", {format_size(per_step, signed=True)} a step"
+    if v.get("held") is not None and v["verdict"] == "allocator-retention":
+        measured += (f"; glibc's free bytes (mallinfo2) grew "
+                     f"{format_size(v['held'], signed=True)} over the same values")
     if v.get("released") is not None:
         measured += f"; a malloc_trim(0) probe gave back {format_size(v['released'])}"
     if v["verdict"] != "leak" or not per_step or not planned:
@@ -192,8 +198,9 @@ def _growth_advice(f: Facts, kind: str, hints: list[str]) -> tuple[str, str, tup
     if kind == "allocator-retention":
         return ("Freed memory stays with the allocator (retention, not a leak)",
                 "The memory had been freed, and glibc keeps it in its arenas for reuse: RSS "
-                "looks like a leak in top, and malloc_trim(0) gives it back. Restarting "
-                "Python is not needed.",
+                "looks like a leak in top, but the bytes in use do not grow. Often it is "
+                "glibc's moving mmap threshold: after the first steps, step buffers come from "
+                "its arenas and stay there when freed. Restarting Python is not needed.",
                 ('model.fit(..., callbacks=[memfit.MemoryMonitor("runs/exp", trim="epoch")])'
                  "   # malloc_trim(0) at every epoch end",
                  f"MALLOC_TRIM_THRESHOLD_=134217728 MALLOC_ARENA_MAX=2 {f.cmd}   # or cap "

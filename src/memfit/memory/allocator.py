@@ -38,8 +38,8 @@ from memfit import checks
 from memfit.errors import MemfitError
 from memfit.memory.probe import sample
 
-__all__ = ["malloc_trim", "trim_available", "require_trim", "limit_arenas", "Release",
-           "ReleaseProbe",
+__all__ = ["malloc_trim", "malloc_free", "trim_available", "require_trim", "limit_arenas",
+           "Release", "ReleaseProbe",
            "ALLOCATOR_POLICIES", "FIXED_MMAP_THRESHOLD", "policy_env", "check_policy",
            "fix_mmap_threshold", "current_policy"]
 
@@ -99,6 +99,35 @@ def malloc_trim() -> int | None:
     before = sample().anon_or_total
     lib.malloc_trim(0)
     return max(0, before - sample().anon_or_total)
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc 2.33 and later)."""
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def malloc_free() -> int | None:
+    """The bytes glibc holds free in its arenas (``mallinfo2().fordblks``): memory the
+    program freed and the allocator kept for reuse. Where it grows as much as anonymous
+    RSS does, the growth is allocator retention, not a leak, measured without trimming.
+    It walks every arena's free lists: tens of microseconds.
+
+    Example:
+        >>> free = malloc_free()            # None: not glibc 2.33 or later
+        >>> free is None or free >= 0
+        True
+
+    Returns:
+        Bytes, or ``None`` where the C library has no ``mallinfo2``.
+    """
+    lib = _load()
+    info = getattr(lib, "mallinfo2", None) if lib else None
+    if info is None:
+        return None
+    info.restype = _MallInfo2
+    return int(info().fordblks)
 
 
 _arena_limit: int | None = None

@@ -8,8 +8,11 @@ out of memory is about; file-backed pages are page cache). The classifier:
    few outliers) to the rest, and compares the growth it predicts with the noise (the
    median absolute deviation of the residuals, and a floor of ``min_growth``); a leak
    must also still grow over the recent half of the epochs (else it is warm-up);
-3. where growth is real and a ``malloc_trim(0)`` probe is possible, trims: if that gives
-   back most of the growth, the memory was free already: allocator retention.
+3. where growth is real, asks whether the memory had been freed already: if glibc's free
+   bytes (``mallinfo2``, sampled beside RSS: ``held``) grew by most of the growth, or a
+   ``malloc_trim(0)`` probe gives most of it back, it is allocator retention. (glibc's
+   moving mmap threshold makes training steps' buffers come from its arenas after the
+   first steps; RSS can then climb for several epochs while the bytes in use stay flat.)
 
 Verdicts: ``stable``, ``warm-up`` (grew early, flat since), ``leak`` (keeps growing: with
 MiB/epoch and when the budget would be hit), ``allocator-retention``, and ``too-short``
@@ -117,6 +120,8 @@ class Verdict:
         noise: the growth threshold that was used, in bytes.
         epochs: epoch-end samples considered.
         released: bytes a trim probe gave back (``None``: no probe).
+        held: how much glibc's free bytes grew over the same epochs (``None``: not
+            sampled).
         epochs_to_budget: for a leak with a budget, epochs until it is reached.
         needed: for ``too-short``, how much of the run the judge needs, in ``unit``.
         had: for ``too-short``, how much there was, in ``unit``.
@@ -131,6 +136,7 @@ class Verdict:
     noise: float
     epochs: int
     released: int | None = None
+    held: int | None = None
     budget: int | None = None
     epochs_to_budget: float | None = None
     kept: int | None = None
@@ -147,6 +153,12 @@ class Verdict:
                     "it in its arenas for reuse: this is the allocator keeping freed memory, "
                     "not a Python leak. It is why memory stays high after `del`, and why a "
                     "process that builds its data again every epoch can run out of memory.")
+        if self.kind == "allocator-retention" and self.held is not None and \
+                (self.released is None or self.released < RETAINED_SHARE * self.growth):
+            return ("RSS grew, and glibc's free bytes (mallinfo2) grew by most of it: the "
+                    "memory had been freed, and glibc kept it in its arenas for reuse. This "
+                    "looks like a leak in `top` and is not one: the bytes in use did not "
+                    "grow.")
         if self.kind == "leak":
             text += (" A malloc_trim(0) probe did not give the memory back, so it is not "
                      "allocator retention." if self.released is not None else
@@ -173,6 +185,8 @@ class Verdict:
                 f"{format_size(self.slope, signed=True)}/epoch over {self.epochs} epochs")
         if self.kind in ("stable", "warm-up"):
             text += f" (within the noise threshold of {format_size(self.noise)} a run)"
+        if self.held is not None and self.kind == "allocator-retention":
+            text += f"; glibc's free bytes {format_size(self.held, signed=True)}"
         if self.released is not None:
             text += f"; malloc_trim gave back {format_size(self.released)}"
         if self.epochs_to_budget is not None:
@@ -197,6 +211,7 @@ class Verdict:
         """Fields for a ``verdict`` event of the log."""
         return {"verdict": self.kind, "slope": self.slope, "growth": self.growth,
                 "noise": self.noise, "epochs": self.epochs, "released": self.released,
+                "held": self.held,
                 "epochs_to_budget": self.epochs_to_budget, "headline": self.headline,
                 "explanation": self.explanation, "fix": self.fix, "kept": self.kept,
                 "before": self.before, "needed": self.needed, "had": self.had,
@@ -251,7 +266,8 @@ def classify_release(releases: Sequence[Any], *, min_released: float = KEPT_MIN,
 
 def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | None = None,
              trim_probe: Callable[[], int | None] | None = None,
-             min_growth: float = MIN_GROWTH) -> Verdict:
+             min_growth: float = MIN_GROWTH,
+             held: Sequence[float] | None = None) -> Verdict:
     """Classifies the memory of a run from one anonymous-RSS value per epoch end.
 
     Args:
@@ -261,6 +277,10 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
         trim_probe: called once when growth is real; returns the bytes ``malloc_trim``
             released (``None`` if it cannot trim: retention is then not diagnosed).
         min_growth: growth, in bytes over the run, below which nothing is diagnosed.
+        held: glibc's free bytes (:func:`memfit.memory.allocator.malloc_free`) at the
+            same instants as ``values``; where they grew by :data:`RETAINED_SHARE` of the
+            growth or more, the growth is allocator retention (ignored unless as long as
+            ``values``).
     """
     warmup_epochs = checks.count("warmup_epochs", warmup_epochs, minimum=0, example=1)
     values = [float(v) for v in values]
@@ -284,14 +304,21 @@ def classify(values: Sequence[float], *, warmup_epochs: int = 1, budget: int | N
         kind = "leak"
     elif max(growth, max(after) - after[0]) > noise:
         kind = "warm-up"                    # grew after warm-up, but not as a trend
+    grown = max(growth, trend)
+    freed = None
+    if held is not None and len(held) == len(values):
+        kept = [float(v) for v in held[warmup_epochs:]]
+        freed = int(max(kept[-1] - kept[0], theil_sen(kept) * (len(kept) - 1)))
+        if kind != "stable" and grown > 0 and freed >= RETAINED_SHARE * grown:
+            kind = "allocator-retention"
     released = None
     if kind != "stable" and trim_probe is not None:
         released = trim_probe()
-        if released is not None and released >= RETAINED_SHARE * max(growth, trend):
+        if released is not None and released >= RETAINED_SHARE * grown:
             kind = "allocator-retention"
     to_budget = None
     if kind == "leak" and budget is not None and slope > 0:
         to_budget = max(0.0, (budget - values[-1]) / slope)
     return Verdict(kind=kind, slope=slope, growth=int(growth), noise=noise,
-                   epochs=len(values), released=released, budget=budget,
+                   epochs=len(values), released=released, held=freed, budget=budget,
                    epochs_to_budget=to_budget)

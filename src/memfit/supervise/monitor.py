@@ -11,7 +11,7 @@ from typing import Any
 import keras
 
 from memfit import checks, exitcodes
-from memfit.memory.allocator import ReleaseProbe, malloc_trim, require_trim
+from memfit.memory.allocator import ReleaseProbe, malloc_free, malloc_trim, require_trim
 from memfit.memory.classifier import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
@@ -116,6 +116,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.report = report
         self.tensorboard_dir = tensorboard_dir
         self.epoch_values: list[int] = []
+        self.epoch_free: list[int | None] = []      # glibc's free bytes at each epoch end
         self.verdict: Verdict | None = None
         # On a GPU: the device allocator's bytes in use, and what NVML charges the process
         # (in use + what the allocator keeps), at each epoch end.
@@ -189,6 +190,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write(Event.TRIM, released=released, epoch=epoch)
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
+        self.epoch_free.append(malloc_free())
         self._device_epoch(record, epoch)
         if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES and not \
                 self._release.releases:
@@ -242,8 +244,9 @@ class MemoryMonitor(keras.callbacks.Callback):
         back makes it ``allocator-retention`` unless the epochs show a leak."""
         verdict = None
         if len(self.epoch_values) - self.warmup_epochs >= MIN_VALUES:
+            free = None if None in self.epoch_free else self.epoch_free
             verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
-                               budget=self.budget, trim_probe=trim_probe)
+                               budget=self.budget, trim_probe=trim_probe, held=free)
         kept = classify_release(self._release.releases)
         if kept is not None and (verdict is None or verdict.kind != "leak"):
             return kept
