@@ -27,11 +27,11 @@ same: watch says "level" for both and points to the doctor, which probes with a 
 each script trains for 8 s after its first (warm-up) epoch, so that watch has more steady
 time than it needs (memfit.memory.watch.MIN_STEADY, 5 s) however busy the machine; a run
 takes 12-20 s on 2 cores. The seed and data_in_ram train 24 s (WATCH_SECONDS): their climb
-in glibc's arenas must be over before most of what watch judges. The MemoryMonitor judges epochs, not time, and its runs train
-their epochs only (STORY_SECONDS=0); the doctor stops a run after its third epoch. 14 runs
-in all. The command-line runs at the end check that TensorFlow's start-up
-lines do not reach the user. `benchmarks/busy_neighbour.py` runs these tests with a CPU hog
-pinned to their core (docs/reliability.md).
+in glibc's arenas must be over before most of what watch judges. The MemoryMonitor judges
+epochs, not time, and its runs train their epochs only (STORY_SECONDS=0); the doctor stops
+a run after its third epoch. 14 runs in all. The command-line runs at the end check that
+TensorFlow's start-up lines do not reach the user. `benchmarks/busy_neighbour.py` runs
+these tests with a CPU hog pinned to their core (docs/reliability.md).
 """
 
 import io
