@@ -53,7 +53,7 @@ pytestmark = linux
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "STORY_EPOCHS": "6"}
 # Seen from outside, a climb in glibc's arenas (module doc) lasts 4-6 s after the first
 # epoch, longer beside a busy process, and watch sees only RSS: after 8 s it can still look
-# like growth (2026-12-06: data_in_ram a leak in 1 of 3 runs; the seed in 2 of 4 rounds
+# like growth (2026-12-06: data_in_ram a leak in 1 of 3 runs; the seed in 1 of 4 rounds
 # beside a CPU hog, benchmarks/busy_neighbour.py --pin beside), after 24 s it is a level.
 WATCH_SECONDS = {"data_in_ram": "24", "seed": "24"}
 
