@@ -244,7 +244,9 @@ class MemoryMonitor(keras.callbacks.Callback):
         back makes it ``allocator-retention`` unless the epochs show a leak."""
         verdict = None
         if len(self.epoch_values) - self.warmup_epochs >= MIN_VALUES:
-            free = None if None in self.epoch_free else self.epoch_free
+            # After malloc_trim, glibc's free bytes count pages it gave back (not resident):
+            # with trim="epoch" they can grow while RSS does not, so they tell nothing.
+            free = None if None in self.epoch_free or self.trim == "epoch" else self.epoch_free
             verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
                                budget=self.budget, trim_probe=trim_probe, held=free)
         kept = classify_release(self._release.releases)
