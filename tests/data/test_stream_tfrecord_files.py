@@ -157,8 +157,71 @@ def test_a_flipped_byte_is_named_by_file_and_record(tmp_path, capsys):
     skip = memfit.dataset([str(p) for p in paths], 16, features=("data", "label"),
                           memory_budget="4MiB", on_corrupt="skip")
     rows, _ = _rows(skip)
-    assert len(rows) == 80 - (20 - 5)           # path2's records from 5 on are left out
-    assert "skipped 15 unreadable records" in capsys.readouterr().err
+    # plain files are read record by record: record 5 of path2 alone is left out
+    keep = [i for i in range(80) if i != 20 + 5]
+    assert rows == sorted((x[i].tobytes(), y[i].tobytes()) for i in keep)
+    err = capsys.readouterr().err
+    assert err.count("skipped") == 1
+    assert f"skipped record 5 of TFRecord file {paths[1]} (bad CRC32C of its data)" in err
+    again, _ = _rows(skip)                      # the next epoch: no second warning
+    assert again == rows and "skipped" not in capsys.readouterr().err
+
+
+def test_a_file_changed_after_it_was_opened_is_named(tmp_path, capsys):
+    x, y = _recipe_data(60)
+    paths = write_recipe(tmp_path, x, y, files=3)
+    ds = memfit.dataset([str(p) for p in paths], 8, features=("data", "label"),
+                        memory_budget="4MiB")
+    skip = memfit.dataset([str(p) for p in paths], 8, features=("data", "label"),
+                          memory_budget="4MiB", on_corrupt="skip")
+    data = paths[2].read_bytes()
+    paths[2].write_bytes(data[:len(data) * 3 // 4 + 7])     # records 15 on cut off
+    with pytest.raises(CorruptShardError, match=r"path3.tfrecords is corrupt or truncated: "
+                                                r"record 1[5-9] of 20 cannot be read \(cut "
+                                                r"short since it was opened\)") as e:
+        list(ds)
+    assert e.value.file == str(paths[2]) and 15 <= e.value.record < 20
+    rows, _ = _rows(skip)
+    assert rows == sorted((x[i].tobytes(), y[i].tobytes()) for i in range(55))
+    assert capsys.readouterr().err.count("memfit: WARNING: skipped record") == 5
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_plain_files_read_by_record_give_the_batches_of_the_files_read_in_sequence(
+        tmp_path, case):
+    """Plain files are read record by record where they lie; compressed ones in sequence
+    through tf.data's interleave. Both give the same batches: the same file order, the
+    same interleave (here with more files than are read at once, of uneven lengths, some
+    empty), the same windows and permutations (windows short of the epoch here)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(case)
+    files = [1, 19, 5, 3][case]
+    sizes = rng.integers(0, 200, files)
+    sizes[0] = 1500 if files == 1 else max(sizes[0], 1)
+    x, y = _recipe_data(int(sizes.sum()), seed=case)
+    for sub, compression in (("plain", None), ("zlib", "ZLIB")):
+        (tmp_path / sub).mkdir()
+        at = 0
+        for f, n in enumerate(sizes):
+            with tf.io.TFRecordWriter(str(tmp_path / sub / f"p{f:02d}.tfrecords"),
+                                      options=compression) as w:
+                for i in range(at, at + int(n)):
+                    w.write(_example(x[i], y[i]))
+            at += int(n)
+    budget = min(files, 16) * 263_000 + int(rng.uniform(0.3, 0.6) * 2**20)
+    kw = dict(features=("data", "label"), memory_budget=budget, seed=case, epochs=2,
+              drop_remainder=case == 2, shuffle=case != 3)
+    by_record = memfit.dataset(str(tmp_path / "plain" / "*.tfrecords"), 13 + 7 * case, **kw)
+    in_sequence = memfit.dataset(str(tmp_path / "zlib" / "*.tfrecords"), 13 + 7 * case, **kw)
+    assert by_record.memfit_plan.by_record and not in_sequence.memfit_plan.by_record
+    assert "record by record" in str(by_record.memfit_plan)
+    if case != 3:
+        assert by_record.memfit_plan.window_samples < sizes.sum()   # more than one window
+    a, b = list(by_record), list(in_sequence)
+    assert len(a) == len(b) == 2 * by_record.memfit_plan.steps_per_epoch
+    for (p, q), (r, s) in zip(a, b, strict=True):
+        assert np.array_equal(p.numpy(), r.numpy()) and np.array_equal(q.numpy(), s.numpy())
 
 
 def test_a_file_cut_short_is_named_when_opened(tmp_path):
@@ -217,3 +280,61 @@ def test_other_keras_backends_are_told_to_pack_first(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
     with pytest.raises(DatasetError, match=r"pack them first \(memfit pack --tfrecord"):
         memfit.dataset([str(paths[0])], 8)
+
+
+def test_records_read_in_python_without_the_c_loop_are_the_same(tmp_path, monkeypatch):
+    """Without memfit's C extension every record is read whole and decoded in Python by
+    the pack's own code: the same batches as the C loop's reads in place."""
+    from memfit.data.format import records
+
+    x, y = _recipe_data(90)
+    paths = write_recipe(tmp_path, x, y, files=3)
+    with open(paths[1], "ab") as f:                  # one record more, written by memfit
+        f.write(records.frame(_example(x[0], [5.0, 6.0])))
+    kw = dict(features=("data", "label"), memory_budget="4MiB", seed=3, epochs=2)
+    with_c = [(a.numpy(), b.numpy()) for a, b in memfit.dataset(
+        [str(p) for p in paths], 16, **kw)]
+    if records.NATIVE is None:
+        pytest.fail("memfit.data.format.cwindow did not build: reinstall")
+    monkeypatch.setattr(records, "NATIVE", None)
+    in_python = [(a.numpy(), b.numpy()) for a, b in memfit.dataset(
+        [str(p) for p in paths], 16, **kw)]
+    assert len(with_c) == len(in_python) == 2 * 6
+    for (a, b), (c, d) in zip(with_c, in_python, strict=True):
+        assert np.array_equal(a, c) and np.array_equal(b, d)
+    rows, _ = _rows(memfit.dataset([str(p) for p in paths], 91, features=("data", "label"),
+                                   epochs=1))
+    assert len(rows) == 91
+    assert rows == sorted([(x[i].tobytes(), y[i].tobytes()) for i in range(90)]
+                          + [(x[0].tobytes(), np.array([5.0, 6.0], np.float32).tobytes())])
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_bytes_flipped_at_random_leave_out_exactly_their_records(tmp_path, capsys, trial):
+    """Bytes flipped at random places (header, data, CRC) after the files were opened:
+    ``on_corrupt="raise"`` names one of the damaged records; ``"skip"`` leaves out exactly
+    the damaged records, each named once, and every other record comes out intact."""
+    rng = np.random.default_rng(100 + trial)
+    x, y = _recipe_data(60, seed=trial)
+    paths = write_recipe(tmp_path, x, y, files=3)
+    kw = dict(features=("data", "label"), memory_budget="4MiB", seed=trial)
+    raising = memfit.dataset([str(p) for p in paths], 8, **kw)
+    skipping = memfit.dataset([str(p) for p in paths], 8, on_corrupt="skip", **kw)
+    frame = paths[0].stat().st_size // 20                  # records of equal size
+    hit = set()
+    for _ in range(int(rng.integers(1, 4))):
+        f, at = int(rng.integers(0, 3)), int(rng.integers(0, 20 * frame))
+        data = bytearray(paths[f].read_bytes())
+        data[at] ^= 1 << int(rng.integers(0, 8))
+        paths[f].write_bytes(bytes(data))
+        hit.add((f, at // frame))
+    with pytest.raises(CorruptShardError) as e:
+        list(raising)
+    assert (paths.index(Path(e.value.file)), e.value.record) in hit
+    rows, _ = _rows(skipping)
+    keep = [i for i in range(60) if (i // 20, i % 20) not in hit]
+    assert rows == sorted((x[i].tobytes(), y[i].tobytes()) for i in keep)
+    err = capsys.readouterr().err
+    assert err.count("memfit: WARNING: skipped record") == len(hit)
+    for f, r in hit:
+        assert f"skipped record {r} of TFRecord file {paths[f]}" in err

@@ -7,7 +7,9 @@ with a 256 KiB buffer), the chunks of :data:`CHUNK_RECORDS` records decoded in p
 (their records and values) and the batches gathered in parallel, a prefetch of up to
 :data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left the window of decoded
 samples permuted whole (at most one epoch's samples; short of an epoch, whole batches). A
-bigger budget mixes more.
+bigger budget mixes more. Plain files read record by record (``by_record``) get the same
+windows, so the same order, but hold only the index of the records (20 bytes a record)
+and the batches being read: their ``estimated_bytes`` counts those.
 
 Example:
     >>> plan = plan_files("2 files", 1000, [600, 400], batch_size=100, budget=2**26,
@@ -46,6 +48,10 @@ class FilesPlan:
         cycle_length: files read at once (interleaved a record each), by read_threads.
         parallel_batches: batches decoded at once; prefetch_batches: batches ahead.
         seed, epoch, epochs, shuffle, arena_limit: as for every plan.
+        by_record: every file is plain and each batch is read record by record where the
+            records lie (:mod:`memfit.data.read.files.record_gather`): the window is an
+            order, not memory held (its records stay in the page cache), and the index of
+            every record is held instead.
     """
 
     path: str
@@ -65,24 +71,36 @@ class FilesPlan:
     epochs: int | None
     shuffle: bool
     arena_limit: int | None = None
+    by_record: bool = False
     reader: str = "tfrecord files in place"
 
     def __str__(self) -> str:
-        order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved "
-                 f"by {self.read_threads} threads, windows of {self.window_samples:,} "
-                 f"samples each permuted whole" if self.shuffle else "stored order")
+        if self.by_record:
+            order = (f"file order shuffled per epoch, {self.cycle_length} files "
+                     f"interleaved, windows of {self.window_samples:,} records each "
+                     f"permuted whole, each batch read record by record where the records "
+                     f"lie" if self.shuffle else
+                     "stored order, each batch read record by record where the records lie")
+            how = f"{self.parallel_batches} batches read and decoded in parallel"
+        else:
+            order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved "
+                     f"by {self.read_threads} threads, windows of {self.window_samples:,} "
+                     f"samples each permuted whole" if self.shuffle else "stored order")
+            how = f"{self.parallel_batches} chunks of {CHUNK_RECORDS} records decoded in parallel"
         return (f"memfit.dataset {self.path} (read in place, not packed): budget "
-                f"{format_size(self.memory_budget)} → {order}, {self.parallel_batches} chunks "
-                f"of {CHUNK_RECORDS} records decoded in parallel, prefetch "
+                f"{format_size(self.memory_budget)} → {order}, {how}, prefetch "
                 f"{self.prefetch_batches} batches; about "
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
 
 
 def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: int,
                budget: int, record_bytes: int, sample_bytes: int, shuffle: bool,
-               drop_remainder: bool, seed: int, epoch: int, epochs: int | None) -> FilesPlan:
+               drop_remainder: bool, seed: int, epoch: int, epochs: int | None,
+               index_bytes: int | None = None) -> FilesPlan:
     """The plan for ``samples`` records in files of ``records`` each (see the module
-    docstring).
+    docstring). With ``index_bytes`` (every file plain, read record by record) the window
+    is the same order as without, but the records are read into their batches where they
+    lie: what is held is the index and the batches, not the window.
 
     Raises:
         DatasetError: a budget too small for the readers, one batch decoded and one
@@ -96,7 +114,8 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
     chunk = CHUNK_RECORDS * (record_bytes + _DECODE_COPIES * sample_bytes)
     decoding = parallel * (chunk + batch_bytes)
     least_buffer = min(samples, batch_size) if shuffle else 0
-    need_min = readers + decoding + batch_bytes + least_buffer * sample_bytes
+    need_min = (readers + decoding + batch_bytes + least_buffer * sample_bytes
+                + (index_bytes or 0))
     if budget < need_min:
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to stream batches of "
@@ -113,10 +132,13 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
             buffer = buffer // batch_size * batch_size
         buffer = max(least_buffer, buffer)
     estimated = readers + decoding + prefetch * batch_bytes + buffer * sample_bytes
+    if index_bytes is not None:     # no file readers, no window; the index instead
+        estimated = (index_bytes + parallel * (batch_size * record_bytes + batch_bytes)
+                     + prefetch * batch_bytes)
     return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
                      steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
                      memory_budget=budget, estimated_bytes=int(estimated),
                      window_samples=buffer, cycle_length=cycle,
                      read_threads=min(cycle, cores), parallel_batches=parallel,
                      prefetch_batches=prefetch, seed=seed, epoch=epoch, epochs=epochs,
-                     shuffle=shuffle)
+                     shuffle=shuffle, by_record=index_bytes is not None)

@@ -3,12 +3,27 @@ pipeline, under memfit's plan (:mod:`memfit.data.read.files.files_plan`). For ep
 
     files, permuted by (seed, e)
       → interleave: `cycle_length` files read at once, a chunk of 64 records from each in
-        turn (TFRecordDataset, CRC32C checked; deterministic)
-      → decode each chunk (`parallel_batches` at once): the selected features' values
-      → windows of `window_samples` samples (whole batches), each window's samples
+        turn (deterministic)
+      → windows of `window_samples` records (whole batches), each window's records
         permuted by (seed, e, window)
-      → batches of `batch_size` gathered from the permutation (each sample copied once)
+      → batches of `batch_size` in the permuted order
       → prefetch
+
+Plain files (every file uncompressed: the usual case) are read **record by record where
+the records lie** (:mod:`memfit.data.read.files.record_gather`): opening the files noted
+where each record starts, so the interleave and the windows are computed as lists of
+records, and each batch's records are read straight into the batch (one ``preadv`` a
+record, CRC32C checked), ``parallel_batches`` batches at once. Nothing waits for a window
+to be read and no window is held: a window is an order, its records stay in the page
+cache (the kernel is asked to read each window's span ahead). A damaged record (a bad
+CRC32C, a file cut or changed since it was opened) stops the stream with a
+``CorruptShardError`` naming the file and the record; with ``on_corrupt="skip"`` that
+record alone is left out, with one warning line.
+
+Compressed files (GZIP, ZLIB) cannot be read at an offset, so they are read in sequence:
+``TFRecordDataset`` interleaved, each chunk decoded as it is read, the window of decoded
+samples held and permuted whole (below). Both give the same batches for the same records
+(``tests/data/test_stream_tfrecord_files.py``).
 
 Records travel through tf.data a chunk or a window at a time, never one by one: a
 tf.data step per record (a shuffle buffer, ``unbatch``, ``batch``) costs more than
@@ -21,18 +36,18 @@ It is coarser than a packed dataset's: a sample only meets the samples of its wi
 budget holds it), where packing permutes all samples once and the readers mix shards of
 that permutation.
 
-Decoding a chunk: records built like the first one (same size, same bytes outside the
-values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for fixed shapes) are
-turned into one ``uint8`` row each (one ``decode_raw`` for the chunk), their shared bytes
-compared with the first record's at once, and each feature's columns reinterpreted as its
-dtype (``bitcast``, no string per record); ``int64`` lists go through
-``tf.io.parse_example``. A chunk with any other record is
-decoded in Python by the pack's own code
-(:func:`~memfit.data.sources.tfrecord_source.decode_payload`),
-each such record checked first (:class:`~memfit.data.sources.tfrecord_source.SpecCheck`):
-one that disagrees stops the stream with a ``CorruptShardError`` naming the file and the
+Decoding a chunk (compressed files): records built like the first one (same size, same
+bytes outside the values: what ``tf.io.serialize_tensor`` + ``TFRecordWriter`` write for
+fixed shapes) are turned into one ``uint8`` row each (one ``decode_raw`` for the chunk),
+their shared bytes compared with the first record's at once, and each feature's columns
+reinterpreted as its dtype (``bitcast``, no string per record); ``int64`` lists go through
+``tf.io.parse_example``. A chunk with any other record is decoded in Python by the pack's
+own code (:func:`~memfit.data.sources.tfrecord_source.decode_payload`), each such record
+checked first (:class:`~memfit.data.sources.tfrecord_source.SpecCheck`): one that
+disagrees stops the stream with a ``CorruptShardError`` naming the file and the
 record. So does a damaged record (a bad CRC32C, a file cut short), unless
-``on_corrupt="skip"``.
+``on_corrupt="skip"`` (then the rest of that file is left out: a compressed stream cannot
+be resumed after damage).
 
 Example:
     >>> ds = memfit.dataset("data/path*.tfrecords", 256)        # doctest: +SKIP
@@ -52,13 +67,14 @@ import tensorflow as tf
 from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.feeder import epochs_dataset
 from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER, FilesPlan, plan_files
+from memfit.data.read.files.record_gather import RecordGather, decode_into, stream_order
 from memfit.data.read.files.tfrecord_files import TFRecordFiles, open_files
 from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.plan import settle_plan
 from memfit.data.read.tf_reader import stateless_seed
 from memfit.data.read.translate_errors import assert_clean
-from memfit.data.sources.tfrecord_source import RecordFeature, decode_payload
-from memfit.errors import CorruptShardError, DatasetError
+from memfit.data.sources.tfrecord_source import RecordFeature
+from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 
 __all__ = ["stream_files"]
@@ -70,8 +86,8 @@ class _Steps:
     """The pipeline's steps over one set of files (see the module docstring)."""
 
     def __init__(self, files: TFRecordFiles, plan: FilesPlan, names: Sequence[str], *,
-                 on_corrupt: str, drop_remainder: bool):
-        self.files, self.plan = files, plan
+                 on_corrupt: str, drop_remainder: bool, gather: RecordGather | None = None):
+        self.files, self.plan, self.gather = files, plan, gather
         self.on_corrupt, self.drop_remainder = on_corrupt, drop_remainder
         self.feats: dict[str, RecordFeature] = {n: files.spec[n] for n in names}
         self.paths = tf.constant([str(p) for p in files.files])
@@ -198,21 +214,9 @@ class _Steps:
         return out
 
     def _py_decode(self, fi: np.ndarray, ri: np.ndarray, r: np.ndarray) -> list[np.ndarray]:
-        check, files = self.files.check, self.files
         out = [np.empty((len(r), *f.shape), f.dtype) for f in self.feats.values()]
         for row, payload in enumerate(r.tolist()):
-            path, index = files.files[int(fi[row])], int(ri[row])
-            if check.layout is None or not check.layout.matches(payload):
-                try:
-                    check.check(path, index, payload)
-                except DatasetError as e:
-                    raise CorruptShardError(
-                        f"memfit: TFRecord file {path} is not like its first record: "
-                        f"record {index} of {files.records[int(fi[row])]} disagrees. {e}",
-                        str(path), index) from None
-            values = decode_payload(payload, check.spec, check.layout)
-            for col, (name, f) in zip(out, self.feats.items(), strict=True):
-                col[row] = np.asarray(values[name]).reshape(f.shape)
+            decode_into(self.files, self.feats, int(fi[row]), int(ri[row]), payload, out, row)
         return out
 
     # -- an epoch --------------------------------------------------------------------
@@ -223,6 +227,8 @@ class _Steps:
         order = tf.range(len(self.files.files), dtype=tf.int64)
         if plan.shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
+        if self.gather is not None:
+            return self.gathered_epoch(seed_e, order)
         listing = tf.data.Dataset.from_tensor_slices(order)
         parallel = plan.parallel_batches
         if not plan.shuffle:
@@ -237,6 +243,65 @@ class _Steps:
         decoded = chunks.map(self.decode, num_parallel_calls=parallel, deterministic=True)
         windows = decoded.rebatch(plan.window_samples).enumerate()
         return windows.flat_map(lambda k, w: self.window_batches(seed_e, k, w))
+
+    def gathered_epoch(self, seed_e: tf.Tensor, order: tf.Tensor) -> tf.data.Dataset:
+        """The epoch's batches read record by record (plain files): the records in the
+        interleave's order (:func:`~memfit.data.read.files.record_gather.stream_order`),
+        cut into the same windows, each permuted by the same ``(seed, epoch, window)``,
+        each batch read where its records lie. The same batches as :meth:`window_batches`
+        gives the same files read in sequence."""
+        gather, plan = self.gather, self.plan
+        assert gather is not None
+        total = sum(self.files.records)
+
+        def ordered(o: np.ndarray) -> np.ndarray:
+            return stream_order(self.files.records, o, cycle=plan.cycle_length)
+
+        ids = tf.numpy_function(ordered, [order], tf.int64, stateful=False)
+        ids.set_shape([total])
+        width = plan.window_samples
+        size = self.plan.batch_size
+        names = list(self.feats)
+        dtypes = [tf.as_dtype(self.feats[n].dtype) for n in names]
+
+        def read(picked: tf.Tensor) -> dict[str, tf.Tensor]:
+            values = tf.numpy_function(gather.read, [picked], dtypes, stateful=False)
+            out = {}
+            for name, v in zip(names, values, strict=True):
+                v.set_shape([None, *self.feats[name].shape])
+                out[name] = v
+            return out
+
+        def window(k: tf.Tensor) -> tf.data.Dataset:
+            w = ids[k * width:(k + 1) * width]
+            n = tf.shape(w, out_type=tf.int64)[0]
+            seed_k = tf.random.experimental.stateless_fold_in(seed_e, k)
+            perm = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed_k)
+            advised = tf.numpy_function(self._advise, [w], tf.bool, stateful=True)
+            with tf.control_dependencies([advised]):
+                picked = tf.gather(w, perm)
+            count = n // size if self.drop_remainder else (n + size - 1) // size
+            return tf.data.Dataset.range(count).map(
+                lambda j: read(picked[j * size:(j + 1) * size]),
+                num_parallel_calls=plan.parallel_batches, deterministic=True)
+
+        if not plan.shuffle:                        # the files one after another
+            count = total // size if self.drop_remainder else (total + size - 1) // size
+            batches = tf.data.Dataset.range(count).map(
+                lambda j: read(ids[j * size:(j + 1) * size]),
+                num_parallel_calls=plan.parallel_batches, deterministic=True)
+        else:
+            windows = (total + width - 1) // width
+            batches = tf.data.Dataset.range(windows).flat_map(window)
+        if self.on_corrupt == "skip":               # a batch of damaged records alone
+            batches = batches.filter(
+                lambda b: tf.shape(next(iter(b.values())))[0] > 0)
+        return batches
+
+    def _advise(self, w: np.ndarray) -> np.bool_:
+        assert self.gather is not None
+        self.gather.advise(w)
+        return np.True_
 
     def window_batches(self, seed_e: tf.Tensor, k: tf.Tensor,
                        window: dict[str, tf.Tensor]) -> tf.data.Dataset:
@@ -286,22 +351,21 @@ def stream_files(path: Any, batch_size: int, *, features: Sequence[str] | None,
         if count > len(files.files):
             raise ValueError(f"Cannot shard {len(files.files)} TFRecord files {count} ways. "
                              f"Received: shard={shard!r}")
-        keep = range(index, len(files.files), count)
-        files = TFRecordFiles(tuple(files.files[k] for k in keep),
-                              tuple(files.compression[k] for k in keep),
-                              tuple(files.records[k] for k in keep), files.record_bytes,
-                              files.check)
+        files = files.subset(range(index, len(files.files), count))
     picked = tuple(names) if names is not None else tuple(files.spec)
     sample_bytes = sum(math.prod(files.spec[n].shape) * np.dtype(files.spec[n].dtype).itemsize
                        for n in picked)
     samples = sum(files.records)
+    gather = RecordGather(files, picked, on_corrupt) if files.plain else None
     plan = plan_files(files.describe(), samples, files.records, batch_size=batch_size,
                       budget=parse_size(memory_budget, name="memory_budget"),
                       record_bytes=files.record_bytes, sample_bytes=max(1, sample_bytes),
                       shuffle=shuffle, drop_remainder=drop_remainder, seed=seed,
-                      epoch=epoch, epochs=epochs)
+                      epoch=epoch, epochs=epochs,
+                      index_bytes=None if gather is None else gather.index_bytes)
     plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
-    steps = _Steps(files, plan, picked, on_corrupt=on_corrupt, drop_remainder=drop_remainder)
+    steps = _Steps(files, plan, picked, on_corrupt=on_corrupt, drop_remainder=drop_remainder,
+                   gather=gather)
     epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
     ds = epoch_ds.flat_map(steps.one_epoch)
     if names is not None:

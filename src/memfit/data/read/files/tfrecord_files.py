@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import glob
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import google_crc32c
+import numpy as np
 
 from memfit.data.format.records import mask_crc
 from memfit.data.sources.tfrecord_source import (
@@ -83,6 +85,8 @@ class TFRecordFiles:
         records: the records in each file.
         record_bytes: the mean size of a record's frame.
         check: the spec and its check (its ``spec``, ``first`` and ``layout``).
+        offsets: for each plain file, where each record's frame starts, and its end
+            (``records + 1`` int64 values); ``None`` for a compressed file.
     """
 
     files: tuple[Path, ...]
@@ -90,6 +94,20 @@ class TFRecordFiles:
     records: tuple[int, ...]
     record_bytes: int
     check: SpecCheck = dataclasses.field(compare=False)
+    offsets: tuple[np.ndarray | None, ...] = dataclasses.field(compare=False, default=())
+
+    @property
+    def plain(self) -> bool:
+        """Whether every file is plain, so its records can be read where they lie."""
+        return len(self.offsets) == len(self.files) and \
+            all(o is not None for o in self.offsets)
+
+    def subset(self, keep: Sequence[int]) -> TFRecordFiles:
+        """The files at ``keep``, in that order (a shard of them)."""
+        return TFRecordFiles(tuple(self.files[k] for k in keep),
+                             tuple(self.compression[k] for k in keep),
+                             tuple(self.records[k] for k in keep), self.record_bytes,
+                             self.check, tuple(self.offsets[k] for k in keep))
 
     @property
     def spec(self) -> dict[str, RecordFeature]:
@@ -100,15 +118,20 @@ class TFRecordFiles:
         return f"{len(self.files)} TFRecord files ({shown}{', ...' if len(self.files) > 2 else ''})"
 
 
-def _count(path: Path, compression: str | None, check: SpecCheck) -> tuple[int, int]:
-    """Records in one file and their frames' bytes; its first record checked."""
+def _count(path: Path, compression: str | None, check: SpecCheck
+           ) -> tuple[int, int, np.ndarray | None]:
+    """Records in one file, their frames' bytes and, for a plain file, where each frame
+    starts and where the last ends; its first record checked."""
     size = os.path.getsize(path)
     count = total = 0
+    starts = array.array("q")
     with open_stream(path, compression) as f:
         while True:
+            starts.append(total)
             header = f.read(12)
             if not header:
-                return count, total
+                return count, total, \
+                    np.frombuffer(starts, np.int64).copy() if compression is None else None
             if len(header) < 12 or struct.pack("<I", mask_crc(
                     google_crc32c.value(header[:8]))) != header[8:]:
                 if count == 0:
@@ -157,10 +180,11 @@ def open_files(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
             counted.append(_count(path, comp, check))
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f"TFRecord file {str(path)!r} cannot be read: {e}.") from None
-    records = tuple(n for n, _ in counted)
+    records = tuple(n for n, _, _ in counted)
     if sum(records) == 0:
         raise DatasetError(f"The TFRecord files hold no records: "
                            f"{', '.join(map(str, files[:3]))}; nothing to stream.")
-    bytes_ = sum(b for _, b in counted)
+    bytes_ = sum(b for _, b, _ in counted)
     return TFRecordFiles(tuple(files), compression, records,
-                         max(1, bytes_ // sum(records)), check)
+                         max(1, bytes_ // sum(records)), check,
+                         tuple(o for _, _, o in counted))
