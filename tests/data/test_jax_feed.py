@@ -21,6 +21,7 @@ import pytest
 import memfit
 from memfit.errors import CorruptShardError
 from tests.data.helpers import small_arrays
+from tests.data.test_sources_tfrecord import _recipe_data, write_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +66,9 @@ def sources(tmp_path_factory):
     arrays = small_arrays(700, seed=1)
     for name, a in arrays.items():
         np.save(root / f"{name}.npy", a)
+    (root / "recipe").mkdir()                   # TFRecord files of the recipe, read in place
+    x, y = _recipe_data(430, seed=2)
+    write_recipe(root / "recipe", x, y, files=5)
     return root
 
 
@@ -84,6 +88,15 @@ def _cases(root: Path) -> dict[str, tuple[dict, int]]:
         "arrays": (dict(path=npy, batch_size=64, seed=3), 2),
         "arrays_epochs_range": (dict(path=npy, batch_size=64, features=["id", "x"],
                                      epoch=2, epochs=4), 1),
+        # several windows an epoch: 1.6 MiB buys the readers and about 300 records
+        "files": (dict(path=str(root / "recipe" / "path*.tfrecords"), batch_size=32,
+                       memory_budget="1600KiB", seed=5), 2),
+        "files_tuples_drop_epochs_range": (dict(
+            path=[str(p) for p in sorted((root / "recipe").glob("*.tfrecords"))],
+            batch_size=50, features=["label", "data"], drop_remainder=True, epoch=1,
+            epochs=3), 1),
+        "files_stored_order": (dict(path=str(root / "recipe" / "path*.tfrecords"),
+                                    batch_size=64, shuffle=False), 1),
     }
 
 
@@ -136,7 +149,9 @@ def _tf_passes(kw: dict, passes: int) -> tuple[dict, object]:
 
 
 @pytest.mark.parametrize("case", ["blocks", "blocks_one_window", "blocks_epochs_range",
-                                  "blocks_tuples_drop", "arrays", "arrays_epochs_range"])
+                                  "blocks_tuples_drop", "arrays", "arrays_epochs_range",
+                                  "files", "files_tuples_drop_epochs_range",
+                                  "files_stored_order"])
 def test_the_same_plan_and_the_same_batches_as_the_tf_path(case, sources, jax_read):
     plans, work = jax_read
     kw, passes = _cases(sources)[case]
@@ -149,7 +164,7 @@ def test_the_same_plan_and_the_same_batches_as_the_tf_path(case, sources, jax_re
     assert sorted(got) == sorted(want)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    if case == "blocks":                            # several windows, and epochs differ
+    if case in ("blocks", "files"):                 # several windows, and epochs differ
         assert tf_plan.window_samples < tf_plan.samples
     if passes == 2:
         first = [k for k in want if k.startswith("0/")]       # the passes are two epochs

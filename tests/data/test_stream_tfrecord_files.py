@@ -272,14 +272,26 @@ def test_a_record_that_disagrees_later_in_a_file_is_named(tmp_path):
     assert "(6, 5, 4)" in str(e.value) and isinstance(e.value, MemfitError)
 
 
-def test_other_keras_backends_are_told_to_pack_first(tmp_path, monkeypatch):
+def test_other_keras_backends_read_plain_files_and_are_told_to_pack_compressed_ones(
+        tmp_path, monkeypatch):
+    """On another Keras backend (tests/data/test_jax_feed.py runs JAX without TensorFlow
+    and compares the batches): plain files come as a PyDataset; compressed ones, which only
+    tf.data reads in place, are refused in one line."""
     from memfit.data.read import dispatch
+    from memfit.data.read.feeds.keras_feed import KerasFeed
 
     x, y = _recipe_data(10)
-    paths = write_recipe(tmp_path, x, y, files=1)
+    plain = write_recipe(tmp_path, x, y, files=1)
+    (tmp_path / "gz").mkdir()
+    packed = write_recipe(tmp_path / "gz", x, y, files=1, compression="GZIP")
     monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
-    with pytest.raises(DatasetError, match=r"pack them first \(memfit pack --tfrecord"):
-        memfit.dataset([str(paths[0])], 8)
+    feed = memfit.dataset([str(plain[0])], 8, features=("data", "label"))
+    assert isinstance(feed, KerasFeed) and len(feed) == 2
+    with pytest.raises(DatasetError, match=r"compressed TFRecord files in place with tf.data"
+                                           r", which needs TensorFlow: pack them first "
+                                           r"\(memfit pack --tfrecord") as e:
+        memfit.dataset([str(packed[0])], 8)
+    assert "\n" not in str(e.value)
 
 
 def test_records_read_in_python_without_the_c_loop_are_the_same(tmp_path, monkeypatch):
@@ -338,3 +350,24 @@ def test_bytes_flipped_at_random_leave_out_exactly_their_records(tmp_path, capsy
     assert err.count("memfit: WARNING: skipped record") == len(hit)
     for f, r in hit:
         assert f"skipped record {r} of TFRecord file {paths[f]}" in err
+
+
+def test_on_another_backend_a_batch_that_lost_every_record_is_replaced(
+        tmp_path, monkeypatch, capsys):
+    """Keras asks a PyDataset for as many batches as were planned: on another backend a
+    batch short by a damaged record stays short, and one that lost every record is
+    replaced by the next batch of its epoch."""
+    from memfit.data.read import dispatch
+
+    x, y = _recipe_data(12)
+    path = write_recipe(tmp_path, x, y, files=1)[0]
+    monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
+    feed = memfit.dataset([str(path)], 4, features=("data", "label"), shuffle=False,
+                          on_corrupt="skip")
+    for record in (0, 1, 2, 3, 9):
+        _flip(path, record)
+    got = [np.asarray(feed[i][0]) for i in range(len(feed))]
+    assert [len(b) for b in got] == [4, 4, 3]
+    assert np.array_equal(got[0], x[4:8]) and np.array_equal(got[1], x[4:8])
+    assert np.array_equal(got[2], x[[8, 10, 11]])
+    assert capsys.readouterr().err.count("memfit: WARNING: skipped record") == 5

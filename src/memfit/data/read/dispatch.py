@@ -59,7 +59,7 @@ from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.files.tfrecord_files import is_tfrecord_files
 from memfit.data.read.plan import DatasetPlan, settle_plan
-from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError
+from memfit.errors import CorruptShardError, FrameworkMissingError
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
 from memfit.quiet import ignore_keras_shuffle_warning
 from memfit.sizes import parse_size
@@ -205,8 +205,9 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
 def _stream_files(path: Any, batch_size: int, backend: str, *, split: str | None,
                   indices: Any, cache: str | None, reader: str, **arguments: Any
                   ) -> tf.data.Dataset:
-    """TFRecord files read in place (:mod:`memfit.data.read.files`): on TensorFlow only;
-    the arguments that apply to packed data or ``.npy`` arrays alone are refused."""
+    """TFRecord files read in place (:mod:`memfit.data.read.files`): a ``tf.data``
+    pipeline on TensorFlow, a ``keras.utils.PyDataset`` on other backends (plain files
+    only); the arguments that apply to packed data or ``.npy`` arrays alone are refused."""
     given = {"split": split, "indices": indices, "cache": cache,
              "reader": None if reader == "auto" else reader}
     wrong = [f"{k}={v!r}" for k, v in given.items() if v is not None]
@@ -214,11 +215,11 @@ def _stream_files(path: Any, batch_size: int, backend: str, *, split: str | None
         raise ValueError(f"{wrong[0].split('=')[0]}= does not apply to TFRecord files read "
                          f"in place (pack them with `memfit pack --tfrecord` for splits). "
                          f"Received: {', '.join(wrong)}")
-    if backend != "tensorflow":
-        raise DatasetError(f"memfit.dataset reads TFRecord files in place with tf.data, and "
-                           f"Keras runs on {backend}: pack them first (memfit pack --tfrecord "
-                           f"'path*.tfrecords' -o data/train), then memfit.dataset('data/train',"
-                           f" ...) feeds {backend} without TensorFlow.")
+    if backend != "tensorflow":         # a keras.utils.PyDataset: no TensorFlow
+        from memfit.data.read.feeds.keras_feed import files_feed
+        from memfit.data.read.files.files_open import open_in_place
+
+        return files_feed(open_in_place(path, batch_size, **arguments))
     from memfit.data.read.files.files_reader import stream_files
 
     return stream_files(path, batch_size, **arguments)

@@ -63,10 +63,11 @@ import numpy as np
 
 from memfit.data.read.arrays_reader import ArraysBatches
 from memfit.data.read.feeder import WindowFeeder
+from memfit.data.read.files.files_open import InPlace
 from memfit.data.read.plan import ReaderPlan
-from memfit.errors import CorruptShardError
+from memfit.errors import CorruptShardError, DatasetError
 
-__all__ = ["KerasFeed", "arrays_feed"]
+__all__ = ["KerasFeed", "arrays_feed", "files_feed"]
 
 
 class KerasFeed(keras.utils.PyDataset):
@@ -159,3 +160,50 @@ def arrays_feed(src: ArraysBatches) -> KerasFeed:
         return feeder(np.array([e, s]))
 
     return KerasFeed(batch, plan, names=src.names, as_dict=src.features is None)
+
+
+def files_feed(opened: InPlace) -> KerasFeed:
+    """Plain TFRecord files read in place as a :class:`KerasFeed`: the batches of the
+    ``tf.data`` pipeline (:mod:`memfit.data.read.files.files_reader`), read ahead on
+    ``parallel_batches`` threads, into the next epoch. With ``on_corrupt="skip"`` a batch
+    is short by its damaged records, as there; one that lost every record is replaced by
+    the next batch of its epoch that did not (Keras asks for as many batches as were
+    planned, and an empty batch cannot be trained on).
+
+    Example:
+        >>> from memfit.data.read.files.files_open import open_in_place
+        >>> feed = files_feed(open_in_place("data/path*.tfrecords", 256))  # doctest: +SKIP
+
+    Args:
+        opened: the files opened and planned
+            (:func:`~memfit.data.read.files.files_open.open_in_place`); every one plain.
+
+    Raises:
+        DatasetError: a file is compressed (only ``tf.data`` reads those in place).
+    """
+    plan, batches = opened.plan, opened.batches
+    if batches is None:
+        raise DatasetError(f"memfit.dataset reads compressed TFRecord files in place with "
+                           f"tf.data, which needs TensorFlow: pack them first (memfit pack "
+                           f"--tfrecord '{opened.files.files[0].parent}/*' -o data/train), "
+                           f"or decompress them.")
+    steps = plan.steps_per_epoch
+
+    def build(e: int, s: int) -> list[np.ndarray]:
+        out = batches(e, s)
+        for later in range(1, steps):
+            if len(out[0]):
+                return out
+            out = batches(e, (s + later) % steps)
+        if not len(out[0]):
+            raise DatasetError(f"Every record of epoch {e} of {opened.files.describe()} is "
+                               f"damaged: nothing to train on.")
+        return out
+
+    feeder = WindowFeeder(build, steps, epoch=plan.epoch, epochs=plan.epochs,
+                          workers=plan.parallel_batches, ahead=plan.prefetch_batches)
+
+    def batch(e: int, s: int) -> list[np.ndarray]:
+        return feeder(np.array([e, s]))
+
+    return KerasFeed(batch, plan, names=opened.picked, as_dict=opened.names is None)

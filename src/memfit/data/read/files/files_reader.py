@@ -30,7 +30,10 @@ tf.data step per record (a shuffle buffer, ``unbatch``, ``batch``) costs more th
 reading the record.
 
 The order is a pure function of ``(seed, epoch)``: the file order and each window's
-permutation are stateless shuffles seeded from them, and the interleave is deterministic.
+permutation are drawn from NumPy generators seeded from them
+(:class:`~memfit.data.read.files.record_gather.EpochOrder`, as for packed data), and the
+interleave is deterministic; Keras's other backends read plain files in the same order
+(:func:`~memfit.data.read.feeds.keras_feed.files_feed`).
 It is coarser than a packed dataset's: a sample only meets the samples of its window (the
 ``window_samples`` records around it in the interleaved stream; the whole epoch when the
 budget holds it), where packing permutes all samples once and the readers mix shards of
@@ -55,41 +58,34 @@ Example:
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
 from memfit.data.read.feeder import epochs_dataset
-from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER, FilesPlan, plan_files
-from memfit.data.read.files.record_gather import RecordGather, decode_into, stream_order
-from memfit.data.read.files.tfrecord_files import TFRecordFiles, open_files
+from memfit.data.read.files.files_open import InPlace, open_in_place
+from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER
+from memfit.data.read.files.record_gather import decode_into
 from memfit.data.read.pipeline_tail import finish, warn_skipped
-from memfit.data.read.plan import settle_plan
-from memfit.data.read.tf_reader import stateless_seed
 from memfit.data.read.translate_errors import assert_clean
 from memfit.data.sources.tfrecord_source import RecordFeature
-from memfit.errors import DatasetError
-from memfit.sizes import parse_size
 
 __all__ = ["stream_files"]
 
-_GRAPH_SEED = 0x6D656D66          # "memf": the epoch function's graph-level seed
 
 
 class _Steps:
     """The pipeline's steps over one set of files (see the module docstring)."""
 
-    def __init__(self, files: TFRecordFiles, plan: FilesPlan, names: Sequence[str], *,
-                 on_corrupt: str, drop_remainder: bool, gather: RecordGather | None = None):
-        self.files, self.plan, self.gather = files, plan, gather
+    def __init__(self, opened: InPlace, *, on_corrupt: str, drop_remainder: bool):
+        files, plan = opened.files, opened.plan
+        self.files, self.plan, self.order = files, plan, opened.order
+        self.batches = opened.batches
         self.on_corrupt, self.drop_remainder = on_corrupt, drop_remainder
-        self.feats: dict[str, RecordFeature] = {n: files.spec[n] for n in names}
+        self.feats: dict[str, RecordFeature] = {n: files.spec[n] for n in opened.picked}
         self.paths = tf.constant([str(p) for p in files.files])
         self.compression = tf.constant([c or "" for c in files.compression])
         self.expected = tf.constant(files.records, tf.int64)
@@ -222,13 +218,10 @@ class _Steps:
     # -- an epoch --------------------------------------------------------------------
     def one_epoch(self, e: tf.Tensor) -> tf.data.Dataset:
         plan = self.plan
-        tf.random.set_seed(_GRAPH_SEED)        # this function's graph only: see above
-        seed_e = stateless_seed(plan.seed, e)
-        order = tf.range(len(self.files.files), dtype=tf.int64)
-        if plan.shuffle:
-            order = tf.random.experimental.stateless_shuffle(order, seed=seed_e)
-        if self.gather is not None:
-            return self.gathered_epoch(seed_e, order)
+        if self.batches is not None:
+            return self.gathered_epoch(e)
+        order = tf.numpy_function(self.order.files, [e], tf.int64, stateful=False)
+        order.set_shape([len(self.files.files)])
         listing = tf.data.Dataset.from_tensor_slices(order)
         parallel = plan.parallel_batches
         if not plan.shuffle:
@@ -242,74 +235,39 @@ class _Steps:
         # batches then hold the values alone, moved as whole rows (no string per record).
         decoded = chunks.map(self.decode, num_parallel_calls=parallel, deterministic=True)
         windows = decoded.rebatch(plan.window_samples).enumerate()
-        return windows.flat_map(lambda k, w: self.window_batches(seed_e, k, w))
+        return windows.flat_map(lambda k, w: self.window_batches(e, k, w))
 
-    def gathered_epoch(self, seed_e: tf.Tensor, order: tf.Tensor) -> tf.data.Dataset:
-        """The epoch's batches read record by record (plain files): the records in the
-        interleave's order (:func:`~memfit.data.read.files.record_gather.stream_order`),
-        cut into the same windows, each permuted by the same ``(seed, epoch, window)``,
-        each batch read where its records lie. The same batches as :meth:`window_batches`
-        gives the same files read in sequence."""
-        gather, plan = self.gather, self.plan
-        assert gather is not None
-        total = sum(self.files.records)
-
-        def ordered(o: np.ndarray) -> np.ndarray:
-            return stream_order(self.files.records, o, cycle=plan.cycle_length)
-
-        ids = tf.numpy_function(ordered, [order], tf.int64, stateful=False)
-        ids.set_shape([total])
-        width = plan.window_samples
-        size = self.plan.batch_size
+    def gathered_epoch(self, e: tf.Tensor) -> tf.data.Dataset:
+        """The epoch's batches read record by record (plain files,
+        :class:`~memfit.data.read.files.record_gather.InPlaceBatches`): the same records in
+        the same order as the files read in sequence."""
         names = list(self.feats)
         dtypes = [tf.as_dtype(self.feats[n].dtype) for n in names]
+        batches = self.batches
+        assert batches is not None
 
-        def read(picked: tf.Tensor) -> dict[str, tf.Tensor]:
-            values = tf.numpy_function(gather.read, [picked], dtypes, stateful=False)
+        def read(s: tf.Tensor) -> dict[str, tf.Tensor]:
+            values = tf.numpy_function(batches, [e, s], dtypes, stateful=False)
             out = {}
             for name, v in zip(names, values, strict=True):
                 v.set_shape([None, *self.feats[name].shape])
                 out[name] = v
             return out
 
-        def window(k: tf.Tensor) -> tf.data.Dataset:
-            w = ids[k * width:(k + 1) * width]
-            n = tf.shape(w, out_type=tf.int64)[0]
-            seed_k = tf.random.experimental.stateless_fold_in(seed_e, k)
-            perm = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed_k)
-            advised = tf.numpy_function(self._advise, [w], tf.bool, stateful=True)
-            with tf.control_dependencies([advised]):
-                picked = tf.gather(w, perm)
-            count = n // size if self.drop_remainder else (n + size - 1) // size
-            return tf.data.Dataset.range(count).map(
-                lambda j: read(picked[j * size:(j + 1) * size]),
-                num_parallel_calls=plan.parallel_batches, deterministic=True)
-
-        if not plan.shuffle:                        # the files one after another
-            count = total // size if self.drop_remainder else (total + size - 1) // size
-            batches = tf.data.Dataset.range(count).map(
-                lambda j: read(ids[j * size:(j + 1) * size]),
-                num_parallel_calls=plan.parallel_batches, deterministic=True)
-        else:
-            windows = (total + width - 1) // width
-            batches = tf.data.Dataset.range(windows).flat_map(window)
+        ds = tf.data.Dataset.range(self.plan.steps_per_epoch).map(
+            read, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
         if self.on_corrupt == "skip":               # a batch of damaged records alone
-            batches = batches.filter(
-                lambda b: tf.shape(next(iter(b.values())))[0] > 0)
-        return batches
+            ds = ds.filter(lambda b: tf.shape(next(iter(b.values())))[0] > 0)
+        return ds
 
-    def _advise(self, w: np.ndarray) -> np.bool_:
-        assert self.gather is not None
-        self.gather.advise(w)
-        return np.True_
-
-    def window_batches(self, seed_e: tf.Tensor, k: tf.Tensor,
+    def window_batches(self, e: tf.Tensor, k: tf.Tensor,
                        window: dict[str, tf.Tensor]) -> tf.data.Dataset:
-        """The batches of window ``k`` of an epoch (decoded values), its samples permuted
-        by ``(seed, epoch, k)``: each sample is copied once, into its batch."""
+        """The batches of window ``k`` of epoch ``e`` (decoded values), its samples
+        permuted by ``(seed, epoch, k)`` (:meth:`~memfit.data.read.files.record_gather.
+        EpochOrder.window_perm`): each sample is copied once, into its batch."""
         n = tf.shape(next(iter(window.values())), out_type=tf.int64)[0]
-        seed_k = tf.random.experimental.stateless_fold_in(seed_e, k)
-        perm = tf.random.experimental.stateless_shuffle(tf.range(n), seed=seed_k)
+        perm = tf.numpy_function(self.order.window_perm, [e, k, n], tf.int64, stateful=False)
+        perm.set_shape([None])
         size = self.plan.batch_size
         count = n // size if self.drop_remainder else (n + size - 1) // size
 
@@ -321,55 +279,24 @@ class _Steps:
             batch, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
 
 
-def stream_files(path: Any, batch_size: int, *, features: Sequence[str] | None,
-                 memory_budget: str | int, seed: int | None, epoch: int, epochs: int | None,
-                 shuffle: bool, drop_remainder: bool, on_corrupt: str,
-                 shard: tuple[int, int] | None, input_context: Any,
-                 cap_arenas: bool) -> tf.data.Dataset:
+def stream_files(path: Any, batch_size: int, **arguments: Any) -> tf.data.Dataset:
     """``memfit.dataset`` for TFRecord files read in place (the arguments are
-    ``memfit.dataset``'s; ``seed=None`` is 0). Returns the dataset, its plan as
-    ``ds.memfit_plan``.
+    ``memfit.dataset``'s, checked by
+    :func:`~memfit.data.read.files.files_open.open_in_place`). Returns the dataset, its plan
+    as ``ds.memfit_plan``.
 
     Raises:
         DatasetError: for bad input (see :func:`~memfit.data.read.files.tfrecord_files.open_files`),
             and for features that are not fixed-shape numbers (pack those files first).
     """
-    batch_size, epoch, epochs = check_arguments(batch_size=batch_size, on_corrupt=on_corrupt,
-                                                epoch=epoch, epochs=epochs)
-    seed = check_seed(0 if seed is None else seed)
-    shard = check_shard(shard, input_context)
-    files = open_files(path)
-    odd = [f for f in files.spec.values() if f.kind in ("image", "bytes") or None in f.shape]
-    if odd:
-        raise DatasetError(f"memfit.dataset streams TFRecord files in place when every "
-                           f"feature has a fixed shape; feature {odd[0].name!r} is "
-                           f"{odd[0]}. Pack the files first: memfit pack --tfrecord "
-                           f"'{files.files[0].parent}/*' -o data/train")
-    names = check_features(features, files.spec, files.describe())
-    if shard is not None:
-        index, count = shard
-        if count > len(files.files):
-            raise ValueError(f"Cannot shard {len(files.files)} TFRecord files {count} ways. "
-                             f"Received: shard={shard!r}")
-        files = files.subset(range(index, len(files.files), count))
-    picked = tuple(names) if names is not None else tuple(files.spec)
-    sample_bytes = sum(math.prod(files.spec[n].shape) * np.dtype(files.spec[n].dtype).itemsize
-                       for n in picked)
-    samples = sum(files.records)
-    gather = RecordGather(files, picked, on_corrupt) if files.plain else None
-    plan = plan_files(files.describe(), samples, files.records, batch_size=batch_size,
-                      budget=parse_size(memory_budget, name="memory_budget"),
-                      record_bytes=files.record_bytes, sample_bytes=max(1, sample_bytes),
-                      shuffle=shuffle, drop_remainder=drop_remainder, seed=seed,
-                      epoch=epoch, epochs=epochs,
-                      index_bytes=None if gather is None else gather.index_bytes)
-    plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
-    steps = _Steps(files, plan, picked, on_corrupt=on_corrupt, drop_remainder=drop_remainder,
-                   gather=gather)
+    opened = open_in_place(path, batch_size, **arguments)
+    plan, names = opened.plan, opened.names
+    steps = _Steps(opened, on_corrupt=arguments.get("on_corrupt", "raise"),
+                   drop_remainder=arguments.get("drop_remainder", False))
     epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
     ds = epoch_ds.flat_map(steps.one_epoch)
     if names is not None:
         ds = ds.map(lambda d: tuple(d[n] for n in names) if len(names) > 1 else d[names[0]])
-    return finish(ds, plan, counter, sharded=shard is not None,
-                  check_cardinality=on_corrupt == "raise")
-
+    return finish(ds, plan, counter, sharded=arguments.get("shard") is not None
+                  or arguments.get("input_context") is not None,
+                  check_cardinality=arguments.get("on_corrupt", "raise") == "raise")

@@ -45,13 +45,14 @@ import numpy as np
 
 from memfit.data.format import records as _records
 from memfit.data.format.records import frame_header, mask_crc
+from memfit.data.read.feeder import order_rng
 from memfit.data.read.files.files_plan import CHUNK_RECORDS
 from memfit.data.read.files.tfrecord_files import TFRecordFiles, damaged
 from memfit.data.read.pipeline_tail import warn_skipped
 from memfit.data.sources.tfrecord_source import RecordFeature, decode_payload
 from memfit.errors import CorruptShardError, DatasetError
 
-__all__ = ["stream_order", "RecordGather", "decode_into"]
+__all__ = ["stream_order", "EpochOrder", "InPlaceBatches", "RecordGather", "decode_into"]
 
 def stream_order(records: Sequence[int], order: np.ndarray, *, cycle: int,
                  chunk: int = CHUNK_RECORDS) -> np.ndarray:
@@ -97,6 +98,99 @@ def stream_order(records: Sequence[int], order: np.ndarray, *, cycle: int,
         else:
             i = (i + 1) % len(slots)
     return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+
+class EpochOrder:
+    """The order of every epoch of files read in place, a pure function of ``(seed,
+    epoch)`` (NumPy's generators, :func:`~memfit.data.read.feeder.order_rng`, as for
+    packed data; TensorFlow's global seed plays no part): the file order, permuted by
+    ``(seed, epoch, 0)``; the records interleaved (:func:`stream_order`); cut into windows
+    of ``window`` records, each permuted by ``(seed, epoch, 1, window)``; the batches cut
+    from that in turn (a window short of the epoch holds whole batches, so no batch
+    spans two windows). Unshuffled: the files one after another, in the order given.
+
+    Example:
+        >>> order = EpochOrder([3, 3], seed=0, shuffle=False, cycle=1, window=0,
+        ...                    batch_size=4, steps=2)
+        >>> [order.batch(0, s).tolist() for s in range(2)]
+        [[0, 1, 2, 3], [4, 5]]
+
+    Args:
+        records: the records in each file.
+        seed, shuffle: the dataset's.
+        cycle, window: the plan's ``cycle_length`` and ``window_samples``.
+        batch_size, steps: the batch size and the batches of an epoch.
+    """
+
+    def __init__(self, records: Sequence[int], *, seed: int, shuffle: bool, cycle: int,
+                 window: int, batch_size: int, steps: int):
+        self.records = tuple(int(n) for n in records)
+        self.seed, self.shuffle, self.cycle = seed, shuffle, cycle
+        self.window, self.batch_size, self.steps = window, batch_size, steps
+        self._cached: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def files(self, epoch: int) -> np.ndarray:
+        """The file order of ``epoch``."""
+        n = len(self.records)
+        return order_rng(self.seed, epoch, 0).permutation(n) if self.shuffle else np.arange(n)
+
+    def window_perm(self, epoch: int, k: int, n: int) -> np.ndarray:
+        """The permutation of window ``k`` (``n`` records) of ``epoch``."""
+        return order_rng(self.seed, epoch, 1, k).permutation(n)
+
+    def ids(self, epoch: int) -> np.ndarray:
+        """Every record of ``epoch`` (global indices) in the order its batches take them;
+        the last two epochs asked for are kept (8 bytes a record each)."""
+        with self._lock:
+            got = self._cached.get(epoch)
+        if got is not None:
+            return got
+        stream = stream_order(self.records, self.files(epoch),
+                              cycle=self.cycle if self.shuffle else 1)
+        if self.shuffle:
+            width = max(1, self.window)
+            stream = np.concatenate([
+                w[self.window_perm(epoch, k, len(w))]
+                for k, w in enumerate(np.split(stream, range(width, len(stream), width)))])
+        with self._lock:
+            self._cached = {e: a for e, a in self._cached.items() if e == epoch - 1}
+            self._cached[epoch] = stream
+        return stream
+
+    def batch(self, epoch: int, step: int) -> np.ndarray:
+        """The records of batch ``step`` of ``epoch``."""
+        b = self.batch_size
+        return self.ids(epoch)[step * b:(step + 1) * b]
+
+    def starts_window(self, step: int) -> bool:
+        """Whether batch ``step`` is the first of its window."""
+        return self.shuffle and self.window > 0 and (step * self.batch_size) % self.window == 0
+
+    def window_of(self, epoch: int, step: int) -> np.ndarray:
+        """The records of the window batch ``step`` of ``epoch`` falls in."""
+        k = step * self.batch_size // max(1, self.window)
+        return self.ids(epoch)[k * self.window:(k + 1) * self.window]
+
+
+class InPlaceBatches:
+    """Batch ``(epoch, step)`` of plain files read in place: its records in the epoch's
+    order (:class:`EpochOrder`), read by :class:`RecordGather`; at a window's first batch
+    the kernel is asked to read the window's span of the files ahead. Thread-safe.
+
+    Args:
+        gather: the reader of records by index.
+        order: the epochs' order.
+    """
+
+    def __init__(self, gather: RecordGather, order: EpochOrder):
+        self.gather, self.order = gather, order
+
+    def __call__(self, epoch: int, step: int) -> list[np.ndarray]:
+        epoch, step = int(epoch), int(step)
+        if self.order.starts_window(step):
+            self.gather.advise(self.order.window_of(epoch, step))
+        return self.gather.read(self.order.batch(epoch, step))
 
 
 class RecordGather:
