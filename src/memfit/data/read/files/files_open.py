@@ -99,7 +99,8 @@ def open_in_place(path: Any, batch_size: int, *, features: Sequence[str] | None 
                       record_bytes=files.record_bytes, sample_bytes=max(1, sample_bytes),
                       shuffle=shuffle, drop_remainder=drop_remainder, seed=seed,
                       epoch=epoch, epochs=epochs,
-                      index_bytes=None if gather is None else gather.index_bytes)
+                      index_bytes=None if gather is None else
+                      gather.index_bytes + EpochOrder.BYTES_PER_RECORD * samples)
     plan = settle_plan(plan, batch_size=batch_size, samples=samples, cap_arenas=cap_arenas)
     order = EpochOrder(files.records, seed=seed, shuffle=shuffle, cycle=plan.cycle_length,
                        window=plan.window_samples, batch_size=batch_size,

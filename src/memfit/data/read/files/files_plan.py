@@ -8,8 +8,9 @@ with a 256 KiB buffer), the chunks of :data:`CHUNK_RECORDS` records decoded in p
 :data:`~memfit.data.read.plan.MAX_PREFETCH` batches, and what is left the window of decoded
 samples permuted whole (at most one epoch's samples; short of an epoch, whole batches). A
 bigger budget mixes more. Plain files read record by record (``by_record``) get the same
-windows, so the same order, but hold only the index of the records (20 bytes a record)
-and the batches being read: their ``estimated_bytes`` counts those.
+windows, so the same order, but hold only the index of the records and the order of
+the last two epochs (36 bytes a record) and the batches being read: their
+``estimated_bytes`` counts those.
 
 Example:
     >>> plan = plan_files("2 files", 1000, [600, 400], batch_size=100, budget=2**26,

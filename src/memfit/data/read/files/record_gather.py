@@ -122,6 +122,9 @@ class EpochOrder:
         batch_size, steps: the batch size and the batches of an epoch.
     """
 
+    #: What the order holds a record: the last two epochs' orders, int64 each.
+    BYTES_PER_RECORD = 16
+
     def __init__(self, records: Sequence[int], *, seed: int, shuffle: bool, cycle: int,
                  window: int, batch_size: int, steps: int):
         self.records = tuple(int(n) for n in records)
