@@ -232,6 +232,34 @@ def test_a_file_cut_short_is_named_when_opened(tmp_path):
         memfit.dataset([str(p) for p in paths], 8)
 
 
+def test_skip_reads_a_file_cut_short_before_it_was_opened_up_to_the_cut(tmp_path, capsys):
+    x, y = _recipe_data(40)
+    paths = write_recipe(tmp_path, x, y)
+    paths[2].write_bytes(paths[2].read_bytes()[:-100])          # record 9 of 10 cut
+    ds = memfit.dataset([str(p) for p in paths], 8, features=("data", "label"),
+                        on_corrupt="skip")
+    err = capsys.readouterr().err
+    assert err.count("memfit: WARNING") == 1
+    assert f"TFRecord file {paths[2]} is damaged at record 9 (cut short)" in err
+    rows, _ = _rows(ds)
+    assert rows == sorted((x[i].tobytes(), y[i].tobytes()) for i in range(40) if i != 29)
+
+
+def test_many_damaged_records_of_a_file_are_named_ten_times_then_once(tmp_path, capsys):
+    x, y = _recipe_data(60)
+    paths = write_recipe(tmp_path, x, y, files=2)
+    ds = memfit.dataset([str(p) for p in paths], 8, features=("data", "label"),
+                        on_corrupt="skip")
+    for record in range(30):                        # every record of the first file
+        _flip(paths[0], record)
+    rows, _ = _rows(ds)
+    assert rows == sorted((x[i].tobytes(), y[i].tobytes()) for i in range(30, 60))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 11 and all(line.startswith("memfit: WARNING: ") for line in lines)
+    assert lines[-1] == (f"memfit: WARNING: more damaged records of TFRecord file "
+                         f"{paths[0]} are skipped without a line each.")
+
+
 def test_bad_input_is_one_line_and_a_memfit_error(tmp_path):
     x, y = _recipe_data(20)
     paths = write_recipe(tmp_path, x, y, files=2)
@@ -252,8 +280,13 @@ def test_bad_input_is_one_line_and_a_memfit_error(tmp_path):
         memfit.dataset([str(paths[0]), str(other)], 8)
     with pytest.raises(ValueError, match="split= does not apply"):
         memfit.dataset([str(paths[0])], 8, split="train")
-    with pytest.raises(DatasetError, match="too small"):
-        memfit.dataset([str(paths[0])], 8, memory_budget="64KiB")
+    with pytest.raises(DatasetError, match=r"too small .* it needs at least [\d,]+ bytes"):
+        memfit.dataset([str(paths[0])], 8, memory_budget="4KiB")
+    with pytest.raises(DatasetError, match=r"an empty list of files"):
+        memfit.dataset([], 8)
+    with pytest.raises(DatasetError, match=r"holds TFRecord files but no manifest, so no "
+                                           r"memfit pack wrote it: to read the files in place"):
+        memfit.dataset(str(tmp_path), 8)
 
 
 def test_a_record_that_disagrees_later_in_a_file_is_named(tmp_path):
@@ -286,9 +319,11 @@ def test_other_keras_backends_read_plain_files_and_are_told_to_pack_compressed_o
     monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
     feed = memfit.dataset([str(plain[0])], 8, features=("data", "label"))
     assert isinstance(feed, KerasFeed) and len(feed) == 2
-    with pytest.raises(DatasetError, match=r"compressed TFRecord files in place with tf.data"
-                                           r", which needs TensorFlow: pack them first "
-                                           r"\(memfit pack --tfrecord") as e:
+    with pytest.raises(DatasetError, match=r"compressed TFRecord files in place on Keras's "
+                                           r"TensorFlow backend only .* Keras runs on jax: "
+                                           r"pack them first "
+                                           r"\(memfit pack --tfrecord '.*gz.path1.tfrecords'"
+                                           r" -o data/train\)") as e:
         memfit.dataset([str(packed[0])], 8)
     assert "\n" not in str(e.value)
 

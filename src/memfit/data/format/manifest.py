@@ -381,11 +381,21 @@ class Manifest(ManifestBase[Split]):
                    compression=compression, **schema.common(doc))
 
 
+_PACK_STATE = ".memfit-pack-state.json"     # what an unfinished pack leaves (pack_output.STATE)
+
+
 def _interrupted(path: Path) -> str:
-    """What a directory without a manifest holds, when it is an interrupted pack."""
-    return (" It holds shards but no manifest: the pack was interrupted; rerun the same "
-            "pack command to finish it." if path.is_dir() and any(path.glob("*.tfrecord*"))
-            else "")
+    """What a directory without a manifest holds: an interrupted pack (its state file or
+    shards named as :func:`shard_name` names them), or TFRecord files of another program."""
+    if not path.is_dir() or not any(path.glob("*.tfrecord*")):
+        return ""
+    if (path / _PACK_STATE).exists() or any(path.glob("*-?????-of-?????.tfrecord*")):
+        return (" It holds shards but no manifest: the pack was interrupted; rerun the "
+                "same pack command to finish it.")
+    return (f" It holds TFRecord files but no manifest, so no memfit pack wrote it: to read "
+            f"the files in place give memfit.dataset the files "
+            f"(memfit.dataset('{path}/*.tfrecord*', ...)), or pack them "
+            f"(memfit pack --tfrecord '{path}/*.tfrecord*' -o data/train).")
 
 
 class ManifestSchema:

@@ -59,7 +59,7 @@ from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.files.tfrecord_files import is_tfrecord_files
 from memfit.data.read.plan import DatasetPlan, settle_plan
-from memfit.errors import CorruptShardError, FrameworkMissingError
+from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
 from memfit.quiet import ignore_keras_shuffle_warning
 from memfit.sizes import parse_size
@@ -148,6 +148,10 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
     # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
     ignore_keras_shuffle_warning()
     backend = keras_backend()
+    if isinstance(path, list | tuple) and not path:
+        raise DatasetError("memfit.dataset was given an empty list of files: give TFRecord "
+                           "files or globs (['data/path1.tfrecords', ...]), a packed "
+                           "directory, or .npy arrays. Received: path=[]")
     if is_arrays_source(path):
         arguments = dict(split=split, features=features, memory_budget=memory_budget,
                          seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
@@ -219,7 +223,7 @@ def _stream_files(path: Any, batch_size: int, backend: str, *, split: str | None
         from memfit.data.read.feeds.keras_feed import files_feed
         from memfit.data.read.files.files_open import open_in_place
 
-        return files_feed(open_in_place(path, batch_size, **arguments))
+        return files_feed(open_in_place(path, batch_size, **arguments), backend=backend)
     from memfit.data.read.files.files_reader import stream_files
 
     return stream_files(path, batch_size, **arguments)

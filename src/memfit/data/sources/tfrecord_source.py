@@ -278,6 +278,11 @@ class SpecCheck:
     given, and every later record checked against it (what the pack's first pass and
     ``memfit.dataset``'s in-place reader both run).
 
+    Args:
+        variable: features whose first dimension may vary.
+        in_place: the records are read in place (``memfit.dataset``), not packed: a
+            varying shape is advised to be packed.
+
     Attributes:
         spec: the features of the first record (empty until then), sorted by name.
         first: ``(file, record index)`` of that record.
@@ -288,8 +293,9 @@ class SpecCheck:
         DatasetError: from :meth:`check`, naming the file, the record and both specs.
     """
 
-    def __init__(self, variable: Iterable[str] = ()):
+    def __init__(self, variable: Iterable[str] = (), *, in_place: bool = False):
         self.variable = frozenset(variable)
+        self.in_place = in_place
         self.spec: dict[str, RecordFeature] = {}
         self.first: tuple[Path, int] | None = None
         self.layout: _Layout | None = None
@@ -328,7 +334,10 @@ class SpecCheck:
         name = next(n for n in spec if not spec[n].same(self.spec[n]))
         hint = "" if name in self.variable or spec[name].kind not in (
             "float_list", "int64_list", "tensor") else \
-            (f" If its first dimension varies, declare it variable (variable=[{name!r}], "
+            (f" If its first dimension varies, pack the files declaring it variable "
+             f"(memfit pack --tfrecord ... --variable {name}): memfit.dataset reads fixed "
+             f"shapes in place." if self.in_place else
+             f" If its first dimension varies, declare it variable (variable=[{name!r}], "
              f"--variable {name}).")
         raise DatasetError(f"{where}: feature {name!r} is {spec[name]}; {first} had "
                            f"{self.spec[name]}. The records disagree.{hint}")

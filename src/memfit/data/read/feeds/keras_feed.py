@@ -63,7 +63,7 @@ import numpy as np
 
 from memfit.data.read.arrays_reader import ArraysBatches
 from memfit.data.read.feeder import WindowFeeder
-from memfit.data.read.files.files_open import InPlace
+from memfit.data.read.files.files_open import InPlace, pack_command
 from memfit.data.read.plan import ReaderPlan
 from memfit.errors import CorruptShardError, DatasetError
 
@@ -162,7 +162,7 @@ def arrays_feed(src: ArraysBatches) -> KerasFeed:
     return KerasFeed(batch, plan, names=src.names, as_dict=src.features is None)
 
 
-def files_feed(opened: InPlace) -> KerasFeed:
+def files_feed(opened: InPlace, *, backend: str | None = None) -> KerasFeed:
     """Plain TFRecord files read in place as a :class:`KerasFeed`: the batches of the
     ``tf.data`` pipeline (:mod:`memfit.data.read.files.files_reader`), read ahead on
     ``parallel_batches`` threads, into the next epoch. With ``on_corrupt="skip"`` a batch
@@ -177,16 +177,18 @@ def files_feed(opened: InPlace) -> KerasFeed:
     Args:
         opened: the files opened and planned
             (:func:`~memfit.data.read.files.files_open.open_in_place`); every one plain.
+        backend: Keras's backend, for the message (default: ``keras.backend.backend()``).
 
     Raises:
         DatasetError: a file is compressed (only ``tf.data`` reads those in place).
     """
     plan, batches = opened.plan, opened.batches
     if batches is None:
-        raise DatasetError(f"memfit.dataset reads compressed TFRecord files in place with "
-                           f"tf.data, which needs TensorFlow: pack them first (memfit pack "
-                           f"--tfrecord '{opened.files.files[0].parent}/*' -o data/train), "
-                           f"or decompress them.")
+        raise DatasetError(f"memfit.dataset reads compressed TFRecord files in place on "
+                           f"Keras's TensorFlow backend only (tf.data decompresses them), "
+                           f"and Keras runs on {backend or keras.backend.backend()}: pack "
+                           f"them first "
+                           f"({pack_command(opened.files)}), or decompress them.")
     steps = plan.steps_per_epoch
 
     def build(e: int, s: int) -> list[np.ndarray]:

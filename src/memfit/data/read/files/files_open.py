@@ -29,7 +29,7 @@ from memfit.data.read.plan import settle_plan
 from memfit.errors import DatasetError
 from memfit.sizes import parse_size
 
-__all__ = ["InPlace", "open_in_place"]
+__all__ = ["InPlace", "open_in_place", "pack_command"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,21 @@ class InPlace:
     batches: InPlaceBatches | None
 
 
+def pack_command(files: TFRecordFiles) -> str:
+    """The ``memfit pack`` command that packs exactly ``files`` (the first three named).
+
+    Example:
+        >>> from pathlib import Path
+        >>> f = TFRecordFiles((Path("a.tfrecords"), Path("b.tfrecords")), (None, None),
+        ...                   (1, 1), 10, None)                       # doctest: +SKIP
+        >>> pack_command(f)                                           # doctest: +SKIP
+        "memfit pack --tfrecord 'a.tfrecords' 'b.tfrecords' -o data/train"
+    """
+    named = " ".join(f"'{p}'" for p in files.files[:3])
+    more = f" ... ({len(files.files)} files)" if len(files.files) > 3 else ""
+    return f"memfit pack --tfrecord {named}{more} -o data/train"
+
+
 def open_in_place(path: Any, batch_size: int, *, features: Sequence[str] | None = None,
                   memory_budget: str | int = "256MiB", seed: int | None = None,
                   epoch: int = 0, epochs: int | None = None, shuffle: bool = True,
@@ -75,13 +90,12 @@ def open_in_place(path: Any, batch_size: int, *, features: Sequence[str] | None 
                                                 epoch=epoch, epochs=epochs)
     seed = check_seed(0 if seed is None else seed)
     shard = check_shard(shard, input_context)
-    files = open_files(path)
+    files = open_files(path, on_corrupt=on_corrupt)
     odd = [f for f in files.spec.values() if f.kind in ("image", "bytes") or None in f.shape]
     if odd:
         raise DatasetError(f"memfit.dataset streams TFRecord files in place when every "
                            f"feature has a fixed shape; feature {odd[0].name!r} is "
-                           f"{odd[0]}. Pack the files first: memfit pack --tfrecord "
-                           f"'{files.files[0].parent}/*' -o data/train")
+                           f"{odd[0]}. Pack the files first: {pack_command(files)}")
     names = check_features(features, files.spec, files.describe())
     if shard is not None:
         index, count = shard

@@ -77,21 +77,27 @@ class FilesPlan:
 
     def __str__(self) -> str:
         if self.by_record:
-            order = (f"file order shuffled per epoch, {self.cycle_length} files "
+            order = (f"file order shuffled per epoch, {_n(self.cycle_length, 'file')} "
                      f"interleaved, windows of {self.window_samples:,} records each "
                      f"permuted whole, each batch read record by record where the records "
                      f"lie" if self.shuffle else
                      "stored order, each batch read record by record where the records lie")
             how = f"{self.parallel_batches} batches read and decoded in parallel"
         else:
-            order = (f"file order shuffled per epoch, {self.cycle_length} files interleaved "
-                     f"by {self.read_threads} threads, windows of {self.window_samples:,} "
+            order = (f"file order shuffled per epoch, {_n(self.cycle_length, 'file')} "
+                     f"interleaved by {_n(self.read_threads, 'thread')}, windows of "
+                     f"{self.window_samples:,} "
                      f"samples each permuted whole" if self.shuffle else "stored order")
             how = f"{self.parallel_batches} chunks of {CHUNK_RECORDS} records decoded in parallel"
         return (f"memfit.dataset {self.path} (read in place, not packed): budget "
                 f"{format_size(self.memory_budget)} → {order}, {how}, prefetch "
                 f"{self.prefetch_batches} batches; about "
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
+
+
+def _n(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: int,
@@ -115,14 +121,15 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
     chunk = CHUNK_RECORDS * (record_bytes + _DECODE_COPIES * sample_bytes)
     decoding = parallel * (chunk + batch_bytes)
     least_buffer = min(samples, batch_size) if shuffle else 0
+    reading = parallel * (batch_size * record_bytes + batch_bytes)
     need_min = (readers + decoding + batch_bytes + least_buffer * sample_bytes
-                + (index_bytes or 0))
+                if index_bytes is None else index_bytes + reading + batch_bytes)
     if budget < need_min:
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to stream batches of "
             f"{batch_size} records of {format_size(record_bytes)} from TFRecord files: it "
-            f"needs at least {format_size(need_min)}. Raise memory_budget or lower "
-            f"batch_size. Received: memory_budget={budget}")
+            f"needs at least {need_min:,} bytes ({format_size(need_min)}). Raise "
+            f"memory_budget or lower batch_size. Received: memory_budget={budget}")
     spare = budget - readers - decoding - least_buffer * sample_bytes
     prefetch = int(max(1, min(MAX_PREFETCH, spare // (2 * max(batch_bytes, 1)))))
     buffer = 0
@@ -134,8 +141,7 @@ def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: i
         buffer = max(least_buffer, buffer)
     estimated = readers + decoding + prefetch * batch_bytes + buffer * sample_bytes
     if index_bytes is not None:     # no file readers, no window; the index instead
-        estimated = (index_bytes + parallel * (batch_size * record_bytes + batch_bytes)
-                     + prefetch * batch_bytes)
+        estimated = index_bytes + reading + prefetch * batch_bytes
     return FilesPlan(path=path, files=len(records), batch_size=batch_size, samples=samples,
                      steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),
                      memory_budget=budget, estimated_bytes=int(estimated),

@@ -54,6 +54,8 @@ from memfit.errors import CorruptShardError, DatasetError
 
 __all__ = ["stream_order", "EpochOrder", "InPlaceBatches", "RecordGather", "decode_into"]
 
+_WARNINGS_A_FILE = 10           # skipped records named one by one, then one line more
+
 def stream_order(records: Sequence[int], order: np.ndarray, *, cycle: int,
                  chunk: int = CHUNK_RECORDS) -> np.ndarray:
     """The records of one epoch (global indices: file ``f``'s record ``r`` is
@@ -242,6 +244,7 @@ class RecordGather:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self._warned: set[tuple[int, int]] = set()
+        self._told: dict[int, int] = {}             # warning lines printed, by file
         weakref.finalize(self, _close_all, self._fds)
 
     @property
@@ -406,12 +409,17 @@ class RecordGather:
         if self.on_corrupt == "raise":
             raise CorruptShardError(damaged(path, record, self.files.records[f], why),
                                     str(path), record)
-        with self._lock:
+        with self._lock:                # one line at a time from the parallel readers
             if (f, record) in self._warned:
                 return
             self._warned.add((f, record))
-        warn_skipped(f"memfit: WARNING: skipped record {record} of TFRecord file {path} "
-                     f"({why}).")
+            told = self._told[f] = self._told.get(f, 0) + 1
+            if told <= _WARNINGS_A_FILE:
+                warn_skipped(f"memfit: WARNING: skipped record {record} of TFRecord file "
+                             f"{path} ({why}).")
+            if told == _WARNINGS_A_FILE:
+                warn_skipped(f"memfit: WARNING: more damaged records of TFRecord file "
+                             f"{path} are skipped without a line each.")
 
     def _slow(self, gid: int, payload: bytes, out: list[np.ndarray], row: int) -> None:
         f = int(self.file_of[gid])

@@ -34,6 +34,7 @@ import google_crc32c
 import numpy as np
 
 from memfit.data.format.records import mask_crc
+from memfit.data.read.pipeline_tail import warn_skipped
 from memfit.data.sources.tfrecord_source import (
     RecordFeature,
     SpecCheck,
@@ -115,23 +116,40 @@ class TFRecordFiles:
 
     def describe(self) -> str:
         shown = ", ".join(str(f) for f in self.files[:2])
-        return f"{len(self.files)} TFRecord files ({shown}{', ...' if len(self.files) > 2 else ''})"
+        many = "s" if len(self.files) != 1 else ""
+        return (f"{len(self.files)} TFRecord file{many} ({shown}"
+                f"{', ...' if len(self.files) > 2 else ''})")
 
 
-def _count(path: Path, compression: str | None, check: SpecCheck
+def _count(path: Path, compression: str | None, check: SpecCheck, on_corrupt: str
            ) -> tuple[int, int, np.ndarray | None]:
     """Records in one file, their frames' bytes and, for a plain file, where each frame
-    starts and where the last ends; its first record checked."""
+    starts and where the last ends; its first record checked. A damaged frame (a length
+    whose checksum fails, a file cut short, a first record whose data fails) raises, or
+    under ``on_corrupt="skip"`` ends the file there with one warning: no record after it
+    can be found."""
     size = os.path.getsize(path)
     count = total = 0
     starts = array.array("q")
+
+    def ended() -> tuple[int, int, np.ndarray | None]:
+        return count, total, \
+            np.frombuffer(starts, np.int64).copy() if compression is None else None
+
+    def damage(why: str, records: int | str) -> tuple[int, int, np.ndarray | None]:
+        if on_corrupt == "raise":
+            raise CorruptShardError(damaged(path, count, records, why), str(path), count)
+        warn_skipped(f"memfit: WARNING: TFRecord file {path} is damaged at record {count} "
+                     f"({why}): it is read up to there; the records after it cannot be "
+                     f"found.")
+        return ended()
+
     with open_stream(path, compression) as f:
         while True:
             starts.append(total)
             header = f.read(12)
             if not header:
-                return count, total, \
-                    np.frombuffer(starts, np.int64).copy() if compression is None else None
+                return ended()
             if len(header) < 12 or struct.pack("<I", mask_crc(
                     google_crc32c.value(header[:8]))) != header[8:]:
                 if count == 0:
@@ -139,45 +157,42 @@ def _count(path: Path, compression: str | None, check: SpecCheck
                                        f"record's length checksum does not match). "
                                        f"memfit.dataset streams files of tf.train.Example "
                                        f"records, plain, GZIP or ZLIB.")
-                raise CorruptShardError(damaged(path, count, "?", "bad CRC32C of its "
-                                                "length, or cut short"), str(path), count)
+                return damage("bad CRC32C of its length, or cut short", "?")
             (length,) = struct.unpack("<Q", header[:8])
             if count == 0 or compression is not None:
                 data = f.read(length + 4)
                 if len(data) < length + 4:
-                    raise CorruptShardError(damaged(path, count, count + 1, "cut short"),
-                                            str(path), count)
+                    return damage("cut short", count + 1)
                 if count == 0:
                     if struct.pack("<I", mask_crc(google_crc32c.value(data[:-4]))) != data[-4:]:
-                        raise CorruptShardError(damaged(path, 0, "?", "bad CRC32C of its "
-                                                        "data"), str(path), 0)
+                        return damage("bad CRC32C of its data", "?")
                     check.check(path, 0, data[:-4])
             else:
                 end = f.seek(length + 4, os.SEEK_CUR)
                 if end > size:
-                    raise CorruptShardError(damaged(path, count, count + 1, "cut short"),
-                                            str(path), count)
+                    return damage("cut short", count + 1)
             count += 1
             total += 16 + length
 
 
 def open_files(patterns: str | os.PathLike | Sequence[str | os.PathLike], *,
-               variable: Iterable[str] = ()) -> TFRecordFiles:
+               variable: Iterable[str] = (), on_corrupt: str = "raise") -> TFRecordFiles:
     """Opens TFRecord files (paths or globs) for streaming in place.
 
     Raises:
         DatasetError: a glob or path that matches nothing, a file that is not TFRecord,
             a first record that is not a ``tf.train.Example`` or disagrees with another
             file's first record (naming both), no records at all.
-        CorruptShardError: a file cut short, or a damaged first record.
+        CorruptShardError: a file cut short, or a damaged first record (under
+            ``on_corrupt="skip"``: that file is read up to the damage, with a warning).
     """
     files = expand_tfrecord_paths(patterns)
-    check = SpecCheck(variable)
+    check = SpecCheck(variable, in_place=True)
     compression = tuple(compression_of(p) for p in files)
     counted = []
     for path, comp in zip(files, compression, strict=True):
         try:
-            counted.append(_count(path, comp, check))
+            counted.append(_count(path, comp, check, on_corrupt))
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f"TFRecord file {str(path)!r} cannot be read: {e}.") from None
     records = tuple(n for n, _, _ in counted)
