@@ -27,8 +27,9 @@ from typing import Any
 from memfit import checks
 from memfit.errors import MemfitError
 
-__all__ = ["ModelSpec", "EstimateError", "load", "parse_input_shape", "check_policy",
-           "check_batch_size", "input_errors", "input_specs", "target_specs", "policy_scope"]
+__all__ = ["ModelSpec", "EstimateError", "load", "check_source", "parse_input_shape",
+           "check_policy", "check_batch_size", "input_errors", "input_specs", "target_specs",
+           "policy_scope"]
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
@@ -166,12 +167,50 @@ def policy_scope(policy: str | None) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
+def check_source(source: str | os.PathLike) -> None:
+    """Fails fast on a model source that cannot be found, before Keras (and TensorFlow)
+    is imported: a missing ``.keras`` or ``.py`` file, a ``module:function`` whose module
+    is not on the path, or a text that is neither.
+
+    Example:
+        >>> check_source("no_such_module_here:make")         # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memfit.estimate.model.EstimateError: Cannot import 'no_such_module_here' for ...
+
+    Raises:
+        EstimateError: naming the source and what is missing.
+    """
+    text = os.fspath(source)
+    if text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text):
+        if not Path(text).exists():
+            raise EstimateError(f"No model file at {text!r}: give a .keras file or "
+                                f"module:function. Received: model={text!r}")
+        return
+    module_name, _, attr = text.rpartition(":")
+    if not module_name or not attr:
+        raise EstimateError(f"MODEL must be a .keras file or module:function. "
+                            f"Received: model={text!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        if not Path(module_name).exists():
+            raise EstimateError(f"No Python file {module_name!r} for model={text!r}.")
+        return
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+        why = f"No module named {module_name!r}"
+    except (ImportError, ValueError) as e:
+        found, why = False, str(e)
+    if not found:
+        raise EstimateError(f"Cannot import {module_name!r} for model={text!r}: "
+                            f"ModuleNotFoundError: {why}")
+
+
 def _load_file(path: Path) -> Any:
     import keras
 
-    if not path.exists():
-        raise EstimateError(f"No model file at {str(path)!r}: give a .keras file or "
-                            f"module:function. Received: model={str(path)!r}")
+    check_source(path)
     try:
         return keras.saving.load_model(path, compile=False)
     except Exception as e:          # noqa: BLE001 - any failure means "not a Keras model"
@@ -182,25 +221,17 @@ def _load_file(path: Path) -> Any:
 
 
 def _import_function(source: str) -> Any:
+    check_source(source)
     module_name, _, attr = source.rpartition(":")
-    if not module_name or not attr:
-        raise EstimateError(f"MODEL must be a .keras file or module:function. "
-                            f"Received: model={source!r}")
     try:
         if module_name.endswith(".py") or os.sep in module_name:
             path = Path(module_name)
-            if not path.exists():
-                raise EstimateError(f"No Python file {module_name!r} for model={source!r}.")
             spec = importlib.util.spec_from_file_location(f"_memfit_model_{path.stem}", path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
-            if "" not in sys.path and os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
-    except EstimateError:
-        raise
     except Exception as e:          # noqa: BLE001
         raise EstimateError(f"Cannot import {module_name!r} for model={source!r}: "
                             f"{type(e).__name__}: {e}") from None
