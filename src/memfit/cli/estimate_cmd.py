@@ -77,9 +77,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memfit.estimate.model import check_source
-
-    check_source(args.model)            # a missing model in one line, before TensorFlow
     from memfit.estimate.estimator import estimate
     from memfit.estimate.measure import measure_training
 
