@@ -161,6 +161,24 @@ def test_bad_models_are_clear_errors(tmp_path):
         memfit.estimate_memory(f"{MODELS}:no_input_shape", 4, input_shape="a,b")
 
 
+def test_a_model_not_found_is_said_before_tensorflow_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, memfit\n"
+            "for m in ('no_such_module_here:make', sys.argv[1]):\n"
+            "    try:\n"
+            "        memfit.estimate_memory(m, 4)\n"
+            "    except memfit.estimate.EstimateError as e:\n"
+            "        print(str(e).split(':')[0])\n"
+            "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gone.keras")],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    missing = "Cannot import 'no_such_module_here' for model='no_such_module_here"
+    assert out.splitlines() == [missing, f"No model file at '{tmp_path / 'gone.keras'}'",
+                                "False False"]
+
+
 def test_a_saved_keras_file_loads_and_matches(tmp_path):
     import keras
 

@@ -48,6 +48,7 @@ measures this machine's framework baseline first when nothing is cached.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from memfit.estimate.advice import advice
@@ -57,7 +58,13 @@ from memfit.estimate.fitted import FITTED, predict_from_features, resident_tenso
 from memfit.estimate.graph import StepGraph, trace
 from memfit.estimate.layers import layer_rows, param_bytes, param_count
 from memfit.estimate.memory_estimate import Estimate, model_sum
-from memfit.estimate.model import EstimateError, check_batch_size, check_policy, input_errors
+from memfit.estimate.model import (
+    EstimateError,
+    check_batch_size,
+    check_policy,
+    check_source,
+    input_errors,
+)
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.schedule import BREADTH_FIRST, DEPTH_FIRST
 from memfit.estimate.training import Setup, batch_bytes, kernels_of, onednn_enabled, prepare
@@ -126,6 +133,8 @@ class Estimator:
             check_optimizer(optimizer)
         self.device = check_device(device)
         require("tensorflow", "the estimate (it traces a TensorFlow graph)", TENSORFLOW_EXTRA)
+        if isinstance(model, str | os.PathLike):
+            check_source(model)         # a model not found is said before TensorFlow loads
         self.pipeline = 0 if dataset_budget is None else parse_size(dataset_budget,
                                                                      name="dataset_budget")
         with quieted(), filtered_stderr():      # TensorFlow's start-up lines

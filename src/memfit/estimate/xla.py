@@ -37,13 +37,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from memfit.estimate.band import largest_batch
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.estimate.layers import param_bytes, param_count
 from memfit.estimate.memory_estimate import Estimate
-from memfit.estimate.model import EstimateError, check_batch_size, check_policy
+from memfit.estimate.model import EstimateError, check_batch_size, check_policy, check_source
 from memfit.estimate.optimizers import check_optimizer, name_of
 from memfit.estimate.training import Setup, batch_bytes, prepare
 from memfit.frameworks import KERAS_EXTRA, require
@@ -239,6 +240,8 @@ class XlaEstimator:
                  input_shape: Any = None, dataset_budget: int | str | None = None,
                  device: str = "cpu"):
         require("jax", "the estimate on Keras's JAX backend", KERAS_EXTRA)
+        if isinstance(model, str | os.PathLike):
+            check_source(model)         # a model not found is said before JAX loads
         check_policy(dtype_policy)
         if isinstance(optimizer, str):
             check_optimizer(optimizer)
