@@ -197,16 +197,23 @@ class _Layout:
 
 def expand_tfrecord_paths(patterns: str | os.PathLike | Sequence[str | os.PathLike]
                           ) -> list[Path]:
-    """The files named by paths and glob patterns, each pattern's matches sorted.
+    """The files named by paths and glob patterns, each pattern's matches sorted; a file
+    that more than one of them names is read once, where it first appears.
 
     Raises:
-        DatasetError: for a pattern that matches no file.
+        DatasetError: for a pattern that matches no file, or a path that is a directory.
     """
     if isinstance(patterns, str | os.PathLike):
         patterns = [patterns]
     files: list[Path] = []
+    seen: set[Path] = set()
     for pattern in patterns:
         text = str(pattern)
+        if not glob.has_magic(text) and os.path.isdir(text):
+            raise DatasetError(f"{text!r} is a directory, not a TFRecord file: give its files "
+                               f"(a quoted glob such as "
+                               f"{os.path.join(text, '*.tfrecords')!r}). "
+                               f"Received: tfrecord={text!r}")
         matches = sorted(glob.glob(text)) if glob.has_magic(text) else \
             ([text] if os.path.exists(text) else [])
         matches = [m for m in matches if not os.path.isdir(m)]
@@ -214,7 +221,10 @@ def expand_tfrecord_paths(patterns: str | os.PathLike | Sequence[str | os.PathLi
             raise DatasetError(f"No TFRecord file matches {text!r}: check the path (quote a "
                                f"glob so that memfit expands it, e.g. 'data/*.tfrecords'). "
                                f"Received: tfrecord={text!r}")
-        files += [Path(m) for m in matches if Path(m) not in files]
+        for m in map(Path, matches):        # a file named twice is read once
+            if m not in seen:
+                seen.add(m)
+                files.append(m)
     return files
 
 
