@@ -297,11 +297,13 @@ def test_a_record_that_disagrees_later_in_a_file_is_named(tmp_path):
     with tf.io.TFRecordWriter(str(path)) as w:
         for i in range(12):
             w.write(_example(x[i] if i != 7 else np.zeros((6, 5, 4), np.float32), y[i]))
-    ds = memfit.dataset([str(path)], 4, shuffle=False, features=("data", "label"))
-    with pytest.raises(CorruptShardError) as e:
-        list(ds)
-    assert e.value.file == str(path) and e.value.record == 7
-    assert "(6, 5, 4)" in str(e.value) and isinstance(e.value, MemfitError)
+    for on_corrupt in ("raise", "skip"):        # not damage: skip does not leave it out
+        ds = memfit.dataset([str(path)], 4, shuffle=False, features=("data", "label"),
+                            on_corrupt=on_corrupt)
+        with pytest.raises(CorruptShardError) as e:
+            list(ds)
+        assert e.value.file == str(path) and e.value.record == 7
+        assert "(6, 5, 4)" in str(e.value) and isinstance(e.value, MemfitError)
 
 
 def test_other_keras_backends_read_plain_files_and_are_told_to_pack_compressed_ones(
