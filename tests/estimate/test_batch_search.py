@@ -119,3 +119,32 @@ def test_peaks_that_say_a_sample_costs_far_less_than_the_estimate_aim_the_search
                                              or search.hi - search.lo == 1)
     assert statistics.median(counts) <= 8, counts
     assert within >= 180, within
+
+
+def test_when_batch_one_fails_the_advice_says_what_was_measured(monkeypatch):
+    # The estimate's advice said "not even batch size 1 fits for sure" and "run
+    # find-batch-size"; once real steps have answered, the search says what they measured
+    # instead, and keeps the rest of the advice.
+    from memfit.estimate import search as search_module
+    from memfit.estimate.advice import INSIDE_RANGE, UNSURE_OF_ONE
+
+    budget = 600 * MIB
+    report = {"max_batch_size": 0, "bytes_per_sample": MIB, "total": 749 * MIB,
+              "advice": [f"{UNSURE_OF_ONE} (it needs up to 907.7 MiB)",
+                         f"{INSIDE_RANGE} (581.4 MiB - 907.7 MiB): memfit find-batch-size "
+                         f"measures real steps", "the optimizer keeps 128.2 MiB of state"]}
+    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+    tried = []
+
+    def measure(spec, b, **kwargs):
+        tried.append(b)
+        return ChildResult("over-budget", peak=budget + MIB // 2, seconds=1.0)
+
+    monkeypatch.setattr(search_module, "measure_training", measure)
+    r = search_module.find_batch_size("m:f", budget)
+    assert tried == [1] and r.batch_size == 0
+    assert r.advice == ("batch size 1 went over the budget in real steps (stopped at "
+                        "600.5 MiB, the budget is 600.0 MiB; the estimate puts what it "
+                        "needs at about 749.0 MiB): raise the budget, or make the model or "
+                        "its optimizer state smaller", "the optimizer keeps 128.2 MiB of state")
+    assert "find-batch-size" not in str(r) and str(r).startswith("no batch size fits 600.0 MiB")

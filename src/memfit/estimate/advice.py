@@ -15,7 +15,12 @@ from memfit.estimate.layers import LayerRow
 from memfit.estimate.memory_estimate import Estimate
 from memfit.sizes import format_size
 
-__all__ = ["advice", "Reestimates"]
+__all__ = ["advice", "after_measuring", "Reestimates", "UNSURE_OF_ONE", "INSIDE_RANGE"]
+
+#: How the two lines of :func:`advice` that real steps answer begin
+#: (:func:`after_measuring`).
+UNSURE_OF_ONE = "not even batch size 1 fits for sure"
+INSIDE_RANGE = "the budget is inside the estimate's range"
 
 
 class Reestimates(Protocol):
@@ -59,12 +64,12 @@ def advice(est: Reestimates, e: Estimate, budget: int, best: int) -> list[str]:
                    f"{format_size(e.total_high)}, the budget is {format_size(budget)})")
     else:
         fixed = e.weights + e.optimizer_slots + e.runtime + e.baseline + e.pipeline
-        out.append(f"not even batch size 1 fits for sure (it needs up to "
+        out.append(f"{UNSURE_OF_ONE} (it needs up to "
                    f"{format_size(est.high(1))}); "
                    f"weights, optimizer state, runtime and baseline alone need "
                    f"{format_size(fixed)}")
     if e.total_low <= budget:
-        out.append(f"the budget is inside the estimate's range "
+        out.append(f"{INSIDE_RANGE} "
                    f"({format_size(e.total_low)} - {format_size(e.total_high)}): "
                    f"memfit find-batch-size measures real steps")
     if e.dtype_policy == "float32" and e.activations > e.weights:
@@ -86,3 +91,37 @@ def advice(est: Reestimates, e: Estimate, budget: int, best: int) -> list[str]:
         out.append(f"{big[0].name} holds {format_size(big[0].weight_bytes)} of the "
                    f"{format_size(e.weights)} of weights")
     return out
+
+
+def after_measuring(lines: Sequence[str], budget: int, peak: int | None,
+                    status: str, point: int | None = None) -> list[str]:
+    """The advice once real steps found that not even batch size 1 fits: what they
+    measured, then the estimate's advice less the two lines they answer (batch size 1
+    "not sure to fit", and "run memfit find-batch-size").
+
+    Example:
+        >>> after_measuring([f"{UNSURE_OF_ONE} (it needs up to 1.2 GiB)", "use SGD"],
+        ...                 2**30, 2**30 + 2**20, "over-budget")[1:]
+        ['use SGD']
+
+    Args:
+        lines: the estimate's advice (:func:`advice`).
+        budget: bytes.
+        peak: the peak measured at batch size 1 (where it was stopped, for
+            ``"over-budget"``), or ``None`` when the trial did not say.
+        status: how the trial of batch size 1 ended (``"over-budget"``: stopped at the
+            budget, its true peak higher; ``"oom"``, ``"timeout"``...).
+        point: the estimate's point total at batch size 1 (bytes), or ``None``.
+    """
+    kept = [a for a in lines if not a.startswith((UNSURE_OF_ONE, INSIDE_RANGE))]
+    need = (f"; the estimate puts what it needs at about {format_size(point)}"
+            if point is not None and point > budget else "")
+    if status == "over-budget" and peak is not None:
+        head = (f"batch size 1 went over the budget in real steps (stopped at "
+                f"{format_size(peak)}, the budget is {format_size(budget)}{need}): raise the "
+                f"budget, or make the model or its optimizer state smaller")
+    else:
+        at = f", peak {format_size(peak)}" if peak is not None else ""
+        head = (f"batch size 1 did not run within the budget of {format_size(budget)} in "
+                f"real steps ({status}{at}{need})")
+    return [head, *kept]

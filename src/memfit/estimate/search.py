@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit import checks
+from memfit.estimate.advice import after_measuring
 from memfit.estimate.baseline import ensure_calibration
 from memfit.estimate.measure import ChildResult, measure_training, run_child
 from memfit.estimate.model import (
@@ -245,8 +246,11 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
     search.bisect(precision)
     advice: tuple[str, ...] = ()
     if search.lo == 0:
-        advice = tuple(report.get("advice") or ()) or (
-            "nothing fits: use mixed precision, a lighter optimizer, or a smaller model",)
+        one = search.results.get(1)
+        lines = list(report.get("advice") or ()) or [
+            "nothing fits: use mixed precision, a lighter optimizer, or a smaller model"]
+        advice = tuple(lines if one is None else after_measuring(
+            lines, budget_bytes, one.peak, one.status, report.get("total")))
     return SearchResult(batch_size=search.lo,
                         peak=search.results[search.lo].peak if search.lo else None,
                         budget=budget_bytes, estimated=estimated,
