@@ -471,6 +471,17 @@ def main() -> None:
         sys.exit(f"unknown families: {', '.join(sorted(unknown))}")
     dtypes = args.dtypes.split(",")
     allocators = args.policy.split(",")
+    with_onednn = [a for a in allocators if not a.endswith(ONEDNN_OFF)]
+    if with_onednn and not args.report_only:
+        from memfit.estimate.training import onednn_enabled
+
+        if not onednn_enabled():
+            # The children would run TensorFlow's own kernels (this CPU, or the environment,
+            # turns oneDNN off) and be judged against oneDNN's estimate.
+            sys.exit(f"TensorFlow runs without oneDNN's kernels here (its choice on this CPU, "
+                     f"or TF_ENABLE_ONEDNN_OPTS=0), so --policy {','.join(with_onednn)} would "
+                     f"measure TensorFlow's kernels against oneDNN's estimate: use "
+                     f"--policy {','.join(a + ONEDNN_OFF for a in with_onednn)}")
     cases = select(families, dtypes, allocators, args.quick)
     cache = load(args.cache)
     if args.repredict:
