@@ -171,6 +171,8 @@ def test_a_model_not_found_is_said_before_tensorflow_is_imported(tmp_path):
             "        memfit.estimate_memory(m, 4)\n"
             "    except memfit.estimate.EstimateError as e:\n"
             "        print(str(e).split(':')[0])\n"
+            "from memfit.estimate.model import check_source\n"
+            "check_source('keras.applications:MobileNetV2')   # found, not imported\n"
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gone.keras")],
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout

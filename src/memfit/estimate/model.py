@@ -197,9 +197,13 @@ def check_source(source: str | os.PathLike) -> None:
         return
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # Only the top-level package is looked for: finding ``keras.applications`` would
+    # import Keras (and TensorFlow, with its start-up lines) here; the loader names a
+    # missing submodule once the package is imported.
+    top = module_name.split(".")[0]
     try:
-        found = importlib.util.find_spec(module_name) is not None
-        why = f"No module named {module_name!r}"
+        found = importlib.util.find_spec(top) is not None
+        why = f"No module named {top!r}"
     except (ImportError, ValueError) as e:
         found, why = False, str(e)
     if not found:
