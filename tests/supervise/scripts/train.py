@@ -43,7 +43,7 @@ if kill_at:
         calls[0] += 1
         original(directory)
         if calls[0] == kill_at and not marker.exists():
-            marker.write_text("1")
+            marker.write_text(str(os.getpid()))      # who killed itself, for the test
             os.kill(os.getpid(), signal.SIGKILL)
 
     checkpoint._fsync_tree = fsync_then_die
