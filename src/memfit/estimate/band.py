@@ -57,11 +57,13 @@ BANDS: dict[str, dict[str, dict[str, float]]] = {
     "fixed": {"onednn-float32": {"low": 0.78, "high": 1.15},
               "onednn-16bit": {"low": 0.72, "high": 1.19},
               "tensorflow": {"low": 0.69, "high": 1.28}},
-    # 0.8016 - 1.2793 and 0.7124 - 1.2756. TensorFlow's kernels under this policy are not
-    # measured on the family panel: the previous release's band for it, the widest.
+    # 0.8016 - 1.2793 and 0.7124 - 1.2756. TensorFlow's kernels: 0.5960 - 1.3816 on the
+    # panel's 102 float32 cases measured 2026-12-06 on an AMD EPYC where TensorFlow runs
+    # without oneDNN (its constants as shipped; the band before, 0.42 - 1.31, was not
+    # measured on the panel, and one case passed its high end by 3.9 %).
     "default": {"onednn-float32": {"low": 0.80, "high": 1.28},
                 "onednn-16bit": {"low": 0.71, "high": 1.28},
-                "tensorflow": {"low": 0.42, "high": 1.31}},
+                "tensorflow": {"low": 0.59, "high": 1.39}},
 }
 
 
