@@ -37,8 +37,8 @@ from memfit import checks
 from memfit.sizes import format_size
 
 __all__ = ["Verdict", "classify", "classify_release", "theil_sen", "too_short",
-           "EXPLANATIONS", "KINDS", "TOO_SHORT", "MIN_VALUES", "KEPT_MIN", "KEPT_SHARE",
-           "RETENTION_FIX"]
+           "EXPLANATIONS", "KINDS", "TOO_SHORT", "MIN_VALUES", "MIN_GROWTH", "KEPT_MIN",
+           "KEPT_SHARE", "RETENTION_FIX"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 TOO_SHORT = "too-short"         # the verdict on a run too short to judge
