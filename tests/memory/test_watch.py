@@ -417,7 +417,7 @@ def test_a_level_that_swings_hundreds_of_mib_and_wanders_is_not_a_leak(tmp_path)
     """CI called the data-in-RAM story "leak, +68.2 MiB after warm-up" (noise threshold
     42.9 MB): every epoch it copies 160 MiB of arrays and frees them, so its anonymous RSS
     swings by about 270 MiB within a time slice, and the slices' medians and floors
-    wander by up to a quarter of that with nothing growing (glibc's arenas taking the freed
+    wander by up to a fifth of that with nothing growing (glibc's arenas taking the freed
     buffers; six runs beside a CPU hog). Growth under half the swing is not a leak; a
     growth of two swings under the same sawtooth is one, and says so."""
     def run(wander: float, leak: float) -> list:

@@ -504,7 +504,7 @@ def _judge_steady(samples: Sequence[Sample]) -> tuple[Verdict, int | None, float
     buckets = _slices([s.t for s in steady], [float(s.anon_or_total) for s in steady])
     medians = [statistics.median(b) for b in buckets]
     # data_in_ram (tests/story) swings 260-280 MiB in a slice and its medians wander by up
-    # to 0.27 of that between slices with nothing growing; the story's leak grows by 8-10
+    # to 0.21 of that between slices with nothing growing; the story's leak grows by 8-10
     # swings (2026-12-07, 6 and 3 runs beside a CPU hog).
     floor = max(MIN_GROWTH, SWING_SHARE * _swing(buckets))
     verdict = classify(medians, warmup_epochs=1, min_growth=floor)
