@@ -427,7 +427,7 @@ def test_a_level_that_swings_hundreds_of_mib_and_wanders_is_not_a_leak(tmp_path)
             into = s.t - samples[0].t - 4
             if 0 <= into <= 20:
                 phase = into % 1.0                           # a 1 s epoch
-                anon = 450 + (300 if phase < 0.6 else 0)            # the copy held
+                anon = 450 + (300 if phase < 0.6 else 0)     # the copy, held
                 anon += wander * into / 20 + leak * into     # a slow climb, or a leak
                 s = dataclasses.replace(s, rss_anon=int(anon * MiB),
                                         rss=int(anon * MiB) + s.rss_file)
