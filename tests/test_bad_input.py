@@ -34,6 +34,9 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(root / "y.npy", np.zeros((7,), np.int64))
     np.save(root / "y10.npy", np.zeros((10,), np.int64))
     (root / "afile").write_text("not a directory")
+    (root / "photos").mkdir()
+    (root / "photos" / "a.txt").write_text("a folder, not an array")
+    np.savez(root / "all.npz", x=np.zeros((10, 2)), y=np.arange(10))
     (root / "bad.csv").write_text("a,b,label\n1,2,0\n3,oops,1\n")
     for name, manifest in {"list": [], "number": 3, "broken": "{not json"}.items():
         (root / f"m-{name}").mkdir()
@@ -56,6 +59,10 @@ CASES = [
     (["pack", "x=missing.npy", "-o", "out"], 2, "missing.npy"),
     (["pack", "x=x.npy", "y=y.npy", "-o", "out"], 2, "10"),
     (["pack", "x=x.npy", "-o", "afile/sub"], 2, "afile"),
+    (["pack", "x=photos", "-o", "out"], 2, "'photos' is a folder (of images?"),
+    (["pack", "x=all.npz", "-o", "out"], 2, "give the .npz on its own"),
+    (["pack", "table.parquet", "-o", "out"], 2, "--parquet PATH --label COLUMN"),
+    (["pack", "mine.tfrecords", "-o", "out"], 2, "--tfrecord PATH"),
     (["pack", "--csv", "bad.csv", "--label", "label", "-o", "out"], 2, "oops"),
     (["pack", "x=x.npy", "y=y10.npy", "--split", "train=1.0,val=0.0", "-o", "out"], 2, "val"),
     (["pack", "x=x.npy", "--split", "nonsense", "-o", "out"], 2, "nonsense"),

@@ -190,6 +190,49 @@ def test_users_files_are_kept_across_formats(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_the_users_tfrecord_files_are_never_taken_for_shards(tmp_path, capsys):
+    """A stranger's --overwrite deleted the TFRecord files of the output directory, the
+    pack's own input among them: every name with ".tfrecord" was taken for a shard. Only
+    names as memfit names its shards are: beside a dataset the user's TFRecord files are
+    carried into the new one; in a directory with no dataset they are refused, with or
+    without overwrite, and nothing there changes."""
+    import tensorflow as tf
+
+    from memfit.cli import main
+
+    out = tmp_path / "c"
+    out.mkdir()
+    kinds = ("mine.tfrecords", "b.tfrecord", "c.tfrecord.gz", "d-00000-of-00002.tfrecords")
+    with tf.io.TFRecordWriter(str(out / "mine.tfrecords")) as w:
+        for i in range(50):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "v": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}))
+                .SerializeToString())
+    for name in kinds[1:]:
+        (out / name).write_bytes(b"the user's")
+    (out / "notes.txt").write_text("notes")
+    before = _files(out)
+    for overwrite in ([], ["--overwrite"]):
+        code = main(["pack", "--tfrecord", str(out / "mine.tfrecords"), "-o", str(out),
+                     *overwrite])
+        err = capsys.readouterr().err
+        assert code == 2 and "holds TFRecord files that no memfit pack wrote" in err, err
+        assert "(b.tfrecord, c.tfrecord.gz, d-00000-of-00002.tfrecords and 1 more)" in err
+        assert "overwrite" not in err.split("pack wrote")[1]
+        assert _files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    # beside a dataset: carried across a replacement, the pack's input among them
+    data = tmp_path / "data"
+    memfit.pack({"v": np.arange(50)}, data, shards=2, progress=False)
+    for name in kinds:
+        os.link(out / name, data / name)
+    users = {k: v for k, v in _files(out).items() if k in kinds}
+    memfit.pack(tfrecord=str(data / "mine.tfrecords"), output=data, shards=3, overwrite=True,
+                progress=False)
+    got = _files(data)
+    assert {k: got[k] for k in kinds} == users and memfit.verify(data).ok
+    assert len(Manifest.load(data).split("train").shards) == 3
+
+
 def test_rerun_rules_after_a_killed_overwrite(setting, monkeypatch):
     """Another pack with overwrite starts the sibling over; a pack without overwrite is
     refused as before and leaves it; one that succeeds removes it; a second replacing

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -42,7 +43,7 @@ from memfit.errors import DatasetError
 
 __all__ = ["Feature", "EncodedImage", "Shard", "Split", "Manifest", "ManifestBase",
            "ManifestSchema", "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES",
-           "check_dtype", "check_feature_name", "manifest_file", "shard_name"]
+           "check_dtype", "check_feature_name", "manifest_file", "shard_name", "is_shard_name"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
@@ -100,6 +101,12 @@ def shard_name(split: str, index: int, count: int, compression: str | None) -> s
     """``train-00003-of-00016.tfrecord`` (``.gz``/``.zz`` appended when compressed)."""
     suffix = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}[compression]
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord{suffix}"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` is named as :func:`shard_name` names a pack's shards (a user's own
+    ``mine.tfrecords`` is not)."""
+    return re.fullmatch(r".+-\d{5,}-of-\d{5,}\.tfrecord(\.gz|\.zz)?", name) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,7 +396,7 @@ def _interrupted(path: Path) -> str:
     shards named as :func:`shard_name` names them), or TFRecord files of another program."""
     if not path.is_dir() or not any(path.glob("*.tfrecord*")):
         return ""
-    if (path / _PACK_STATE).exists() or any(path.glob("*-?????-of-?????.tfrecord*")):
+    if (path / _PACK_STATE).exists() or any(is_shard_name(p.name) for p in path.iterdir()):
         return (" It holds shards but no manifest: the pack was interrupted; rerun the "
                 "same pack command to finish it.")
     return (f" It holds TFRecord files but no manifest, so no memfit pack wrote it: to read "

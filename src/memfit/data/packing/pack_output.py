@@ -32,7 +32,7 @@ from typing import Any
 from memfit.atomic import TMP_MARK, file_sha256, write_text_atomic
 from memfit.data.format.arrays_format import FORMAT as ARRAYS
 from memfit.data.format.arrays_format import ArraysManifest, manifest_format
-from memfit.data.format.manifest import MANIFEST, Manifest
+from memfit.data.format.manifest import MANIFEST, Manifest, is_shard_name
 from memfit.errors import DatasetError
 from memfit.memory.process import running
 from memfit.sizes import format_size
@@ -119,9 +119,21 @@ def prepare_output(out: Path, fingerprint: str | None,
         raise DatasetError(f"{str(out)!r} holds an interrupted pack of different data or options; "
                            f"rerun that pack command to finish it, or pass overwrite=True "
                            f"(--overwrite) to start over.")
-    if any(".tfrecord" in p.name for p in out.iterdir()):
-        raise DatasetError(f"{str(out)!r} already holds TFRecord shards that memfit did not "
-                           f"start; choose an empty directory or pass overwrite=True.")
+    names = sorted(p.name for p in out.iterdir())
+    if any(is_shard_name(n) for n in names):    # an iterable's pack: nothing to resume by
+        raise DatasetError(f"{str(out)!r} holds the shards of an interrupted pack that cannot "
+                           f"be resumed (its source was an iterable, which may not give the "
+                           f"same data again); pass overwrite=True (--overwrite) to start "
+                           f"over, or choose another output directory.")
+    foreign = [n for n in names if ".tfrecord" in n and not n.startswith(TMP_MARK)]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise DatasetError(f"{str(out)!r} holds TFRecord files that no memfit pack wrote "
+                           f"({', '.join(foreign[:3])}{more}): "
+                           f"memfit leaves them alone, and does not write its shards beside "
+                           f"them, where a reader of the directory's TFRecord files would "
+                           f"take both for one dataset. Choose another output directory "
+                           f"(e.g. {str(out / 'packed')!r}).")
     return _start_state(out, fingerprint)
 
 

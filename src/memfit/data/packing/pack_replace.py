@@ -38,7 +38,7 @@ from pathlib import Path
 from memfit.atomic import TMP_MARK
 from memfit.data.format.arrays_format import FORMAT as ARRAYS
 from memfit.data.format.arrays_format import ArraysManifest, manifest_format
-from memfit.data.format.manifest import MANIFEST
+from memfit.data.format.manifest import MANIFEST, is_shard_name
 from memfit.data.packing.pack_output import STATE, remove, undo
 from memfit.errors import DatasetError
 
@@ -62,8 +62,9 @@ def old_path(out: Path) -> Path:
 
 
 def _ours(name: str) -> bool:
-    """A top-level name that a pack writes: manifest, state, shards, temporary files."""
-    return name in (MANIFEST, STATE) or ".tfrecord" in name or name.startswith(TMP_MARK)
+    """A top-level name that a pack writes: manifest, state, shards (named as memfit names
+    them: a user's ``mine.tfrecords`` beside a pack is the user's), temporary files."""
+    return name in (MANIFEST, STATE) or is_shard_name(name) or name.startswith(TMP_MARK)
 
 
 def holds_pack(out: Path) -> bool:

@@ -22,12 +22,41 @@ from memfit.errors import DatasetError
 __all__ = ["open_source"]
 
 
+#: The other kinds of input, by what a path ends with: what ``pack`` takes them with.
+_OTHER_KINDS = {".csv": "a CSV file: pack(csv=PATH, label=...) or `memfit pack --csv PATH`",
+                ".parquet": "a Parquet file: pack(parquet=PATH, label=...) or `memfit pack "
+                            "--parquet PATH --label COLUMN`",
+                ".tfrecord": "TFRecord files: pack(tfrecord=PATH) or `memfit pack --tfrecord "
+                             "PATH`"}
+
+
+def _other_kind(path: str) -> str | None:
+    """How ``pack`` takes the input at ``path`` when it is not arrays, or ``None``."""
+    if os.path.isdir(path):
+        return ("a folder (of images? pack(images=DIR, image_size=(H, W)) or `memfit pack "
+                "--images DIR --image-size H,W`)")
+    low = path.lower()
+    return next((how for end, how in _OTHER_KINDS.items()
+                 if low.endswith(end) or f"{end}." in low or low.endswith(end + "s")), None)
+
+
 def _load_npy(name: str, path: str) -> np.ndarray:
+    other = _other_kind(path) if not path.endswith(".npy") else None
+    if path.endswith(".npz"):
+        other = (f"an .npz archive: a NAME=PATH input is one .npy array; give the .npz on "
+                 f"its own (pack({path!r}, ...) or `memfit pack {path}`) to pack all its "
+                 f"arrays")
+    if other is not None:
+        raise DatasetError(f"Feature {name!r}: {path!r} is {other}. Received: {name}={path}")
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise DatasetError(f"Feature {name!r}: no such file {path!r}.") from None
-    except ValueError as e:
+    except PermissionError as e:
+        raise DatasetError(f"Feature {name!r}: {path!r} cannot be read ({e.strerror}). Give "
+                           f"memfit read access to it (chmod), or pack a copy you can "
+                           f"read.") from None
+    except (ValueError, OSError) as e:
         raise DatasetError(f"Feature {name!r}: {path!r} is not a readable .npy file of "
                            f"numbers ({e}).") from None
 
@@ -54,10 +83,13 @@ def open_source(source: Any, *, variable: Iterable[str] = ()) -> ArraySource | S
             name = Path(path).stem
             return ArraySource({name: _load_npy(name, path)}, variable=variable,
                                paths={name: path}, description=path)
-        if path.endswith(".csv"):
-            raise DatasetError("Pack a CSV file with pack(csv=PATH, label=...) or "
-                               f"`memfit pack --csv PATH`. Received: {path!r}")
-        raise DatasetError(f"Unknown source file type {path!r}: use .npy, .npz or .csv.")
+        other = _other_kind(path)
+        if other is not None:
+            raise DatasetError(f"{path!r} is {other}. Received: {path!r}")
+        raise DatasetError(f"Unknown source file type {path!r}: give arrays as .npy or .npz "
+                           f"files; CSV, Parquet and TFRecord files and folders of images "
+                           f"have their own options (--csv, --parquet, --tfrecord, "
+                           f"--images). Received: {path!r}")
     if isinstance(source, Mapping):
         columns, paths = {}, {}
         for name, value in source.items():
