@@ -63,6 +63,7 @@ CASES = [
     (["pack", "x=all.npz", "-o", "out"], 2, "give the .npz on its own"),
     (["pack", "table.parquet", "-o", "out"], 2, "--parquet PATH --label COLUMN"),
     (["pack", "mine.tfrecords", "-o", "out"], 2, "--tfrecord PATH"),
+    (["inspect", "all.npz"], 2, "'all.npz' is not a TFRecord file"),
     (["pack", "--csv", "bad.csv", "--label", "label", "-o", "out"], 2, "oops"),
     (["pack", "x=x.npy", "y=y10.npy", "--split", "train=1.0,val=0.0", "-o", "out"], 2, "val"),
     (["pack", "x=x.npy", "--split", "nonsense", "-o", "out"], 2, "nonsense"),

@@ -192,6 +192,37 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_left(tmp_path):
     assert set(os.listdir(tmp_path)) == before
 
 
+def test_an_unreadable_file_is_said_by_pack_inspect_and_the_reader(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A file memfit may not read gave a PermissionError traceback in pack, inspect and
+    memfit.dataset (a stranger, as a user without root). Each now says which file and what
+    to do. (Tests run as root, whom chmod does not stop: the refusal is played.)"""
+    from memfit.cli import main
+    from memfit.data.sources import tfrecord_source
+
+    x, y = _recipe_data(n=20)
+    paths = write_recipe(tmp_path, x, y, files=2)
+
+    def refuse(path, *args, **kwargs):
+        if Path(path) == paths[1]:
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(tfrecord_source, "open", refuse, raising=False)
+    words = f"TFRecord file {str(paths[1])!r} cannot be read (Permission denied): give"
+    pattern = str(tmp_path / "path*.tfrecords")
+    for attempt in (lambda: memfit.pack(tfrecord=pattern, output=tmp_path / "out",
+                                        progress=False),
+                    lambda: _read_all(pattern)):
+        with pytest.raises(DatasetError, match="cannot be read") as e:
+            attempt()
+        assert words in str(e.value)
+    assert not (tmp_path / "out").exists()
+    assert main(["inspect", pattern]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
 def test_cli_pack_and_inspect_show_the_spec(tmp_path):
     x, y = _recipe_data(n=20)
     write_recipe(tmp_path, x, y, compression="GZIP")

@@ -96,6 +96,8 @@ def test_plan_follows_the_budget(packed):
     ({"batch_size": 0}, "batch_size=0"),
     ({"batch_size": 8, "memory_budget": "2KiB"}, "memory_budget=2.0 KiB is too small"),
     ({"batch_size": 8, "features": ("x", "nope")}, "No feature 'nope'"),
+    ({"batch_size": 8, "features": ()}, "features names no feature: give one or more of"),
+    ({"batch_size": 8, "features": []}, "Received: features=()"),
     ({"batch_size": 8, "split": "test"}, "No split 'test'"),
     ({"batch_size": 8, "split": None}, "several splits"),
     ({"batch_size": 8, "on_corrupt": "ignore"}, "on_corrupt='ignore'"),

@@ -44,6 +44,9 @@ def check_features(features: Any, names: Any, where: Any) -> tuple[str, ...] | N
     if features is None:
         return None
     features = (features,) if isinstance(features, str) else tuple(features)
+    if not features:
+        raise ValueError(f"features names no feature: give one or more of {sorted(names)}, or "
+                         f"features=None for all of them. Received: features={features!r}")
     unknown = [f for f in features if f not in names]
     if unknown:
         raise ValueError(f"No feature {unknown[0]!r} in {where}; it has "

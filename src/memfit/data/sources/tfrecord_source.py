@@ -259,9 +259,22 @@ class _ZlibStream(io.RawIOBase):
         super().close()
 
 
+def open_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading, or the reason it cannot be, said as a DatasetError."""
+    try:
+        return open(path, "rb")
+    except PermissionError as e:
+        raise DatasetError(f"TFRecord file {str(path)!r} cannot be read ({e.strerror}): give "
+                           f"memfit read access to it (chmod), or leave it out of the "
+                           f"paths. Received: {str(path)!r}") from None
+    except OSError as e:
+        raise DatasetError(f"TFRecord file {str(path)!r} cannot be opened ({e.strerror}). "
+                           f"Received: {str(path)!r}") from None
+
+
 def compression_of(path: Path) -> str | None:
     """``None`` (plain), ``"GZIP"`` or ``"ZLIB"``, from the first bytes of the file."""
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         head = f.read(12)
     if len(head) < 12 or struct.pack("<I", mask_crc(google_crc32c.value(head[:8]))) == head[8:]:
         return None                                   # empty, or a valid first frame
@@ -275,7 +288,7 @@ def compression_of(path: Path) -> str | None:
 
 
 def open_stream(path: Path, compression: str | None) -> BinaryIO:
-    f = open(path, "rb")
+    f = open_file(path)
     if compression == "GZIP":
         return gzip.GzipFile(fileobj=f)               # type: ignore[return-value]
     if compression == "ZLIB":
@@ -429,6 +442,13 @@ class TFRecordSource(ArraySource):
                     self._size.append(len(payload))
                     count += 1
         except RecordError as e:
+            if e.index == 0 and e.offset == 0 and ".tfrec" not in path.name:
+                # Not one good frame, and not named as one: another kind of file.
+                raise DatasetError(f"{str(path)!r} is not a TFRecord file: its first bytes "
+                                   f"are not a TFRecord frame (nor GZIP or ZLIB). Give "
+                                   f"TFRecord files of tf.train.Example records; a Parquet, "
+                                   f"CSV or .npz file is packed with its own option "
+                                   f"(--parquet, --csv, or as arrays).") from None
             raise DatasetError(f"TFRecord file {str(path)!r} is damaged: {e} (its CRC32C "
                                f"does not match, or the file is cut short). Write the file "
                                f"again, or leave it out of the pattern.") from None
