@@ -196,10 +196,13 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     started = time.perf_counter()
     inputs = {"csv": csv, "parquet": parquet, "tfrecord": tfrecord, "images": images}
     out = _check_call(source, output, inputs, label, image_size)
-    if keep_encoded and images is None:
-        raise DatasetError(f"keep_encoded applies to images only (a folder of image files "
-                           f"kept encoded). Received: keep_encoded={keep_encoded!r}, "
-                           f"images=None")
+    for name, value, default in (("keep_encoded", keep_encoded, False),
+                                 ("crop_to_aspect_ratio", crop_to_aspect_ratio, False),
+                                 ("on_corrupt", on_corrupt, "raise")):
+        if images is None and value != default:     # silently ignored, it would mislead
+            raise DatasetError(f"{name} applies to images only (a folder of image files: "
+                               f"images=, --images); leave it out for this source. "
+                               f"Received: {name}={value!r}, images=None")
     options = PackOptions.of(shards=shards, shard_size=shard_size,
                              samples_per_record=samples_per_record, compression=compression,
                              split=split, seed=seed, shuffle=shuffle, workers=workers,
@@ -327,6 +330,17 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
     ``format="arrays"`` takes fixed shapes only."""
     csv = inputs["csv"]
     src: ArraySource | StreamSource
+    fixed = next((k for k in ("images", "parquet", "csv") if inputs[k] is not None), None)
+    if options.variable and fixed is not None:
+        raise DatasetError(f"variable applies to arrays, iterables and TFRecord files; the "
+                           f"features of {fixed} have their shapes from the source (leave "
+                           f"variable out). Received: variable={list(options.variable)}, "
+                           f"{fixed}={inputs[fixed]!r}")
+    if options.format == "arrays" and image_options.get("keep_encoded"):
+        raise DatasetError("format='arrays' stores fixed-shape features only, and images "
+                           "kept encoded vary in size: pack them with format='tfrecord', or "
+                           "without keep_encoded (decoded to image_size). Received: "
+                           "keep_encoded=True, format='arrays'")
     if inputs["tfrecord"] is not None:
         src = open_tfrecords(inputs["tfrecord"], csv_dir, variable=options.variable)
     elif inputs["images"] is not None:
@@ -335,7 +349,9 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
         src = open_parquet(inputs["parquet"], csv_dir, label=label)
     elif csv is not None:
         if not Path(csv).is_file():
-            raise DatasetError(f"No such CSV file: {csv!r}.")
+            what = "is a directory, not a CSV file" if Path(csv).is_dir() else "does not exist"
+            raise DatasetError(f"{csv!r} {what}: give the path of a CSV file. "
+                               f"Received: csv={csv!r}")
         paths = csv_to_npy(csv, csv_dir, label=label)     # checks every cell first
         src = open_source(paths)
         src.description = csv
