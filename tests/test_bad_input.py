@@ -77,6 +77,10 @@ CASES = [
     (["pack", "--csv", "bad.csv", "--label", "label", "-o", "out"], 2, "oops"),
     (["pack", "x=x.npy", "y=y10.npy", "--split", "train=1.0,val=0.0", "-o", "out"], 2, "val"),
     (["pack", "x=x.npy", "--split", "nonsense", "-o", "out"], 2, "nonsense"),
+    (["pack", "x=x.npy", "--split", "train=0.5,train=0.5", "-o", "out"], 2,
+     "split names 'train' twice"),
+    (["pack", "x=x.npy", "--split", "train=1.0,val=0", "-o", "out"], 2,
+     "val=0 is not (leave out a split that gets nothing)"),
     (["pack", "x=x.npy", "--shards", "0", "-o", "out"], 2, "0"),
     # inspect / verify
     (["inspect", "nowhere"], 2, "nowhere"),

@@ -169,17 +169,29 @@ def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | N
             try:
                 if not sep:
                     raise ValueError
-                parts[name.strip()] = float(value)
+                fraction = float(value)
             except ValueError:
                 raise DatasetError(f"split must look like 'train=0.9,val=0.1'. "
                                    f"Received: split={split!r}") from None
+            if name.strip() in parts:
+                raise DatasetError(f"split names {name.strip()!r} twice: give each split "
+                                   f"once. Received: split={split!r}")
+            parts[name.strip()] = fraction
         split = parts
     split = dict(split)
-    bad = [n for n, v in split.items() if not n or "/" in n or "-" in n or not 0 < v <= 1]
+    names = [n for n in split if not n or "/" in n or "-" in n]
+    if names:
+        raise DatasetError(f"split needs names without '-' or '/' (they name files). "
+                           f"Received: split={split}")
+    outside = [f"{n}={v:g}" for n, v in split.items() if not 0 < v <= 1]
+    if outside:
+        raise DatasetError(f"split needs each fraction in (0, 1]: {', '.join(outside)} is "
+                           f"not (leave out a split that gets nothing). "
+                           f"Received: split={split}")
     total = sum(split.values())
-    if bad or not split or abs(total - 1) > 1e-6:
-        raise DatasetError(f"split needs names without '-' or '/' and fractions in (0, 1] "
-                           f"that sum to 1 (they sum to {total:g}). Received: split={split}")
+    if not split or abs(total - 1) > 1e-6:
+        raise DatasetError(f"split needs fractions that sum to 1 (they sum to {total:g}). "
+                           f"Received: split={split}")
     return split
 
 
