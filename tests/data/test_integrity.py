@@ -112,6 +112,9 @@ def test_missing_shard_is_reported(packed):
     shard_path(packed).unlink()
     report = memfit.verify(packed)
     assert [p.message for p in report.problems] == ["file is missing"]
+    # a stranger read "verified 3 shards ... 1 problem(s)" where a shard was missing
+    assert str(report).startswith(f"checked {report.shards} shards, ")
+    assert ": 1 problem\n" in str(report) and "verified" not in str(report)
 
 
 def test_clean_dataset_verifies(packed):

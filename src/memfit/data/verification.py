@@ -179,19 +179,27 @@ class VerifyReport:
         return not self.problems
 
     def __str__(self) -> str:
+        # "verified" only what passed: with problems, what was read is what was checked
+        did = "verified" if self.ok else "checked"
         if self.kind == "tfrecord":
-            head = (f"verified {self.shards} shards, {self.records:,} records, "
-                    f"{format_size(self.bytes)} at {self.path}: ")
+            head = (f"{did} {_count(self.shards, 'shard')}, {_count(self.records, 'record')}"
+                    f" read, {format_size(self.bytes)} at {self.path}: ")
             checked = "sha256 and every record CRC32C match"
         else:
-            head = (f"verified {self.shards} .npy files, {self.records:,} samples, "
-                    f"{format_size(self.bytes)} at {self.path}: ")
+            head = (f"{did} {_count(self.shards, '.npy file')}, "
+                    f"{_count(self.records, 'sample')}, {format_size(self.bytes)} at "
+                    f"{self.path}: ")
             checked = ("sha256 and .npy headers match the manifest" if self.kind == "arrays"
                        else "headers, sizes and lengths; no manifest, so no checksums")
         if self.ok:
             return head + f"OK ({checked})"
-        return head + f"{len(self.problems)} problem(s)\n" + "\n".join(
+        return head + f"{_count(len(self.problems), 'problem')}\n" + "\n".join(
             f"  {p}" for p in self.problems)
+
+
+def _count(n: int, word: str) -> str:
+    """``"1 shard"``, ``"3 shards"``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 class _HashingReader(io.RawIOBase):
@@ -273,7 +281,7 @@ def verify(path: str | os.PathLike,
         >>> out = tempfile.mkdtemp() + "/d"
         >>> _ = pack({"x": np.zeros((10, 2), "float32")}, out, progress=False)
         >>> print(verify(out))                                  # doctest: +ELLIPSIS
-        verified 1 shards, 1 records, 109 B at .../d: OK (sha256 and every record CRC32C match)
+        verified 1 shard, 1 record read, 109 B at .../d: OK (sha256 and every record CRC32C match)
 
     Args:
         path: the dataset directory (TFRecord or arrays), or a directory of ``.npy`` files.
