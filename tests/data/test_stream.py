@@ -92,6 +92,22 @@ def test_plan_follows_the_budget(packed):
     assert "budget 6.0 MiB" in str(small) and "steps/epoch" in str(small)
 
 
+def test_a_split_smaller_than_a_window_is_planned_as_what_it_holds(tmp_path):
+    """A stranger's 200-sample split of 52 KiB was said to hold 75.7 MiB in flight (a full
+    window of 56,704 samples); it held about 12 MB. A split shorter than a window fills one
+    short window: the estimate counts its batches, and the window (the order) stays."""
+    rng = np.random.default_rng(0)
+    memfit.pack({"x": rng.random((20_200, 64), dtype=np.float32)}, tmp_path / "d",
+                split="train=0.99,val=0.01", progress=False)
+    val = memfit.dataset(tmp_path / "d", 64, split="val", memory_budget="256MiB").memfit_plan
+    train = memfit.dataset(tmp_path / "d", 64, split="train",
+                           memory_budget="256MiB").memfit_plan
+    assert val.samples == 202 and val.window_samples == train.window_samples > 10_000
+    data = 202 * 64 * 4
+    assert val.estimated_bytes < 2 * 2**20 + 20 * data, str(val)     # index, 4 batches...
+    assert train.estimated_bytes > 10 * val.estimated_bytes
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"batch_size": 0}, "batch_size=0"),
     ({"batch_size": 8, "memory_budget": "2KiB"}, "memory_budget=2.0 KiB is too small"),
