@@ -3,8 +3,11 @@ keras.utils.image_dataset_from_directory on small generated folders."""
 
 import hashlib
 import os
+import re
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +38,70 @@ def make_folder(root: Path, per_class=5, seed=0, formats=("png", "bmp", "gif", "
             img.save(where, quality=95) if fmt == "jpg" else img.save(where)
     (root / "zebra" / "notes.txt").write_text("not an image")
     return root
+
+
+def write_png16(path: Path, values: np.ndarray) -> None:
+    """A 16-bit PNG of ``values`` (uint16, height x width x channels: 1 gray, 2 gray +
+    alpha, 3 RGB, 4 RGBA), written with zlib: Pillow writes 16-bit gray only."""
+    h, w, c = values.shape
+    rows = values.astype(">u2").reshape(h, w * c)
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)      # filter 0 on every row
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I",
+                                                                       zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 16, {1: 0, 2: 4, 3: 2, 4: 6}[c], 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+# 16-bit values where the candidates v >> 8 and round(v / 257) differ, then noise
+EDGES = np.array([0, 1, 127, 128, 255, 256, 257, 383, 384, 32767, 32768, 32895, 32896,
+                  65279, 65280, 65535], np.uint16)
+
+
+def make_png16_folder(root: Path, h: int = 13, w: int = 17) -> list[tuple[str, np.ndarray]]:
+    """16-bit PNGs of every colour type (gray also as Pillow writes it) in class ``a``,
+    an 8-bit one in ``b``: ``[(file name, the values written)]`` in Keras's order."""
+    rng = np.random.default_rng(3)
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    written = []
+    for name, c in [("g16.png", 1), ("g16_pillow.png", 1), ("ga16.png", 2), ("rgb16.png", 3),
+                    ("rgba16.png", 4)]:
+        values = rng.integers(0, 2**16, (h, w, c), dtype=np.uint16)
+        values[0, :len(EDGES)] = EDGES[:, None]
+        if name == "g16_pillow.png":
+            image = Image.fromarray(values[..., 0])
+            assert image.mode == "I;16"
+            image.save(root / "a" / name)
+        else:
+            write_png16(root / "a" / name, values)
+        written.append((name, values))
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / "b" / "x.png")
+    return written
+
+
+def test_16_bit_pngs_are_packed_as_keras_reads_them(tmp_path):
+    """TensorFlow decodes a 16-bit PNG to uint8 keeping each value's high byte (v >> 8);
+    Pillow opened 16-bit gray as mode I;16 and its RGB conversion clipped every value
+    above 255 to 255. Gray, gray + alpha, RGB and RGBA, at their own size and resized."""
+    written = make_png16_folder(tmp_path / "p16")
+    for size in [(13, 17), (16, 12)]:
+        _, k_images, _, k_files = _keras(tmp_path / "p16", size, False)
+        out = tmp_path / f"ds{size[0]}"
+        memfit.pack(images=tmp_path / "p16", image_size=size, output=out, shuffle=False,
+                    progress=False)
+        images = next(iter(memfit.dataset(out, 64, shuffle=False, epochs=1)))["image"].numpy()
+        assert [Path(f).name for f in k_files[:5]] == [n for n, _ in written]
+        for row, (name, values) in enumerate(written):
+            diff = np.abs(images[row].astype(np.float32) - k_images[row]).max()
+            assert diff <= 0.5 + 1e-3, (name, size, diff)
+            if size == (13, 17):                    # not resized: exactly the high bytes
+                gray_or_rgb = values[..., :1].repeat(3, -1) if values.shape[-1] <= 2 \
+                    else values[..., :3]
+                assert np.array_equal(images[row], (gray_or_rgb >> 8).astype(np.uint8)), name
 
 
 def _keras(root, size, crop, **kw):
@@ -233,3 +300,69 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_left(tmp_path):
              "-o", "out", "--quiet", cwd=tmp_path)
     assert r.returncode == 0 and "packed 6 samples" in r.stdout, r.stderr
     assert r.stderr.count("WARNING") == 1
+
+
+def test_cli_an_image_size_too_large_for_memory_is_one_line_exit_2(tmp_path):
+    """100000x100000 is 27.9 GiB an image: refused before anything is decoded or written
+    (by the memory check, or where over 112 GiB is available, by the record limit)."""
+    make_folder(tmp_path / "photos", per_class=2, formats=("jpg",))
+    before = set(os.listdir(tmp_path))
+    r = _run("pack", "--images", "photos", "--image-size", "100000,100000", "-o", "out",
+             "--quiet", cwd=tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("memfit")]
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr
+    assert "too large" in lines[0] and "100000" in lines[0], lines[0]
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_the_memory_check_names_the_bytes_and_a_size_that_fits(tmp_path, monkeypatch):
+    from memfit.data.sources import image_source
+
+    root = make_folder(tmp_path / "photos", per_class=2, formats=("png",))
+    copies = 4 if image_source.cresize is not None else 36
+    available = 64 * 48 * 3 * copies - 1                 # one byte short of 64x48
+    monkeypatch.setattr(image_source, "system_memory", lambda: (2**40, available))
+    with pytest.raises(DatasetError) as e:
+        memfit.pack(images=root, image_size="64,48", output=tmp_path / "ds", progress=False)
+    message = str(e.value)
+    assert message.startswith("image_size 64x48 is too large for this machine's memory")
+    assert "9.0 KiB decoded (64 x 48 x 3 = 9,216 bytes)" in message
+    assert f"holds about {copies} at once" in message and "at most about 63,47" in message
+    assert not (tmp_path / "ds").exists()
+    h, w = (int(v) for v in re.search(r"at most about (\d+),(\d+)", message).groups())
+    assert h * w * 3 * copies <= available
+    memfit.pack(images=root, image_size=(h, w), output=tmp_path / "ds", progress=False)
+    assert Manifest.load(tmp_path / "ds").features["image"].shape == (h, w, 3)
+    # kept encoded, the pack decodes nothing at that size: no memory check
+    memfit.pack(images=root, image_size="64,48", output=tmp_path / "enc", progress=False,
+                keep_encoded=True)
+
+
+def test_a_record_over_protobufs_2_gib_is_refused_before_anything_is_written(tmp_path,
+                                                                            monkeypatch):
+    from memfit.data.sources import image_source
+
+    root = make_folder(tmp_path / "photos", per_class=1, formats=("png",))
+    monkeypatch.setattr(image_source, "system_memory", lambda: (2**50, 2**50))
+    # 26755 x 26755 x 3 = 2,147,490,075 bytes: one image is over 2**31 - 1
+    with pytest.raises(DatasetError, match=r"A record of 1 sample \(a sample: image uint8 "
+                       r"\(26755, 26755, 3\) 2,147,490,075 bytes, label int64 \(\) 8 bytes\)"
+                       r".*too large for the shards' format.*2,147,483,647 bytes.*"
+                       r"format='arrays'"):
+        memfit.pack(images=root, image_size=(26755, 26755), output=tmp_path / "ds",
+                    progress=False)
+    # one row less fits (2,147,409,810 bytes, and the record's 60 of tags and label)
+    from memfit.data.packing.pack_options import PackOptions, check_record_size
+
+    check_record_size(image_source.open_images(root, (26754, 26755)), PackOptions.of())
+    with pytest.raises(DatasetError, match="too large for the shards' format"):
+        check_record_size(image_source.open_images(root, (26755, 26755)), PackOptions.of())
+    check_record_size(image_source.open_images(root, (26755, 26755)),
+                      PackOptions.of(format="arrays"))
+    # 1000 x 1000 x 3 bytes fits a record; 800 of them do not
+    with pytest.raises(DatasetError, match=r"A record of 800 samples.*2\.2 GiB.*Give a "
+                       r"smaller samples_per_record.*Received: samples_per_record=800"):
+        memfit.pack(images=root, image_size=(1000, 1000), output=tmp_path / "ds",
+                    samples_per_record=800, progress=False)
+    assert not (tmp_path / "ds").exists()

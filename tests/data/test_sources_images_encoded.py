@@ -14,7 +14,7 @@ import memfit
 from memfit.data.format.manifest import Manifest
 from memfit.errors import DatasetError
 
-from .test_sources_images import ENV, make_folder
+from .test_sources_images import ENV, make_folder, make_png16_folder
 
 
 def _stream(path, **kw):
@@ -52,6 +52,14 @@ def test_encoded_stream_equals_the_decoded_pack_for_png_and_bmp(tmp_path, crop):
     assert m.features["image"].decode.largest[0] * m.features["image"].decode.largest[1] \
         == max(Image.open(p).height * Image.open(p).width
                for p in root.rglob("*") if p.suffix.lower() in (".png", ".bmp", ".gif"))
+
+
+def test_encoded_16_bit_pngs_equal_the_decoded_pack(tmp_path):
+    """The stream's tf.io.decode_image and the packer's Pillow decode keep the same high
+    byte of every 16-bit value (gray, gray + alpha, RGB, RGBA)."""
+    make_png16_folder(tmp_path / "p16")
+    out = _both(tmp_path, tmp_path / "p16", (16, 12))
+    assert np.abs(out[True][0].astype(int) - out[False][0].astype(int)).max() <= 1
 
 
 def test_encoded_jpeg_is_close_to_the_decoded_pack(tmp_path):

@@ -28,11 +28,14 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-__all__ = ["encode_example", "example_layout", "frame", "frame_header", "iter_records",
-           "crc32c_at", "crc32c_spans", "NATIVE", "mask_crc", "RecordError",
-           "LENGTHS_SUFFIX"]
+__all__ = ["encode_example", "example_layout", "example_length", "frame", "frame_header",
+           "iter_records", "crc32c_at", "crc32c_spans", "NATIVE", "mask_crc", "RecordError",
+           "LENGTHS_SUFFIX", "MAX_EXAMPLE_BYTES"]
 
 LENGTHS_SUFFIX = "/lengths"
+# The largest serialised tf.train.Example TensorFlow parses: protobuf's limit on a
+# message, 2 GiB - 1 (its parsers count bytes in a signed 32-bit int).
+MAX_EXAMPLE_BYTES = 2**31 - 1
 _MASK_DELTA = 0xA282EAD8
 
 
@@ -240,6 +243,18 @@ def example_layout(sizes: Mapping[str, int]) -> list[bytes | tuple[str, int]]:
         else:
             out.append(bytes(piece))
     return out
+
+
+def example_length(sizes: Mapping[str, int]) -> int:
+    """The bytes of the ``tf.train.Example`` that :func:`encode_example` writes for
+    ``bytes_list`` features of these sizes (tags and lengths included).
+
+    Example:
+        >>> example_length({"x": 8, "y": 1000}) == len(encode_example({"x": b"0" * 8,
+        ...                                                             "y": b"0" * 1000}))
+        True
+    """
+    return sum(p[1] if isinstance(p, tuple) else len(p) for p in example_layout(sizes))
 
 
 def frame_header(length: int) -> bytes:

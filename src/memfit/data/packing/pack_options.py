@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from memfit import checks
+from memfit.data.format.records import MAX_EXAMPLE_BYTES, example_length
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
-from memfit.sizes import parse_size
+from memfit.sizes import format_size, parse_size
 
 __all__ = ["PackOptions", "gather", "CHUNK_BYTES", "parse_split", "split_counts",
-           "check_split_counts", "split_order", "progress_bar"]
+           "check_split_counts", "check_record_size", "split_order", "progress_bar"]
 
 CHUNK_BYTES = 32 * 2**20        # bytes of rows read from a source at once
 
@@ -219,6 +220,36 @@ def check_split_counts(n: int, options: PackOptions) -> dict[str, int]:
             raise DatasetError(f"split {name!r} gets no samples out of {n}; use fewer splits or "
                                f"more data. Received: split={options.split}")
     return counts
+
+
+def check_record_size(src: ArraySource | StreamSource, options: PackOptions) -> None:
+    """Refuses, before anything is written, samples whose record (``samples_per_record``
+    of them; by default one, where a sample passes the ~256 KiB a record) would be larger
+    than a ``tf.train.Example`` can be: TensorFlow could not read it back. Only the
+    fixed-shape features are counted (a variable one's size is known once read).
+
+    Raises:
+        DatasetError: naming the record's bytes, the features' sizes, and what to do.
+    """
+    fixed = {n: f.sample_bytes for n, f in src.features.items() if f.sample_bytes is not None}
+    if options.format != "tfrecord" or not fixed:
+        return
+    k = options.samples_per_record or 1
+    length = example_length({n: k * b for n, b in fixed.items()})
+    if length <= MAX_EXAMPLE_BYTES:
+        return
+    sizes = ", ".join(f"{n} {src.features[n].dtype} {tuple(src.features[n].shape)} "
+                      f"{b:,} bytes" for n, b in fixed.items())
+    todo = "Make the samples smaller (for images a smaller image_size), or pack with " \
+           "format='arrays' (--format arrays), whose files have no such limit"
+    if k > 1 and example_length(fixed) <= MAX_EXAMPLE_BYTES:
+        todo = "Give a smaller samples_per_record (--samples-per-record)"
+    raise DatasetError(f"A record of {k} sample{'s' if k > 1 else ''} (a sample: {sizes}) "
+                       f"would be {format_size(length)} ({length:,} bytes), too large for "
+                       f"the shards' format: a tf.train.Example holds at most "
+                       f"{MAX_EXAMPLE_BYTES:,} bytes (protobuf's 2 GiB limit), so "
+                       f"TensorFlow could not read it back. {todo}. Received: "
+                       f"samples_per_record={options.samples_per_record}")
 
 
 def split_order(n: int, options: PackOptions) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:

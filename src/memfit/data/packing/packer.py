@@ -36,7 +36,7 @@ from memfit.atomic import temporary_name
 from memfit.data.format.arrays_format import ArraysManifest
 from memfit.data.format.manifest import Manifest
 from memfit.data.packing.arrays_pack import pack_arrays
-from memfit.data.packing.pack_options import PackOptions, check_split_counts
+from memfit.data.packing.pack_options import PackOptions, check_record_size, check_split_counts
 from memfit.data.packing.pack_output import (
     STATE,
     already_packed,
@@ -359,6 +359,7 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
         src = open_source(source, variable=options.variable)
     if isinstance(src, ArraySource):
         check_split_counts(src.length, options)
+    check_record_size(src, options)
     variable = [f.name for f in src.features.values() if f.variable]
     if options.format == "arrays" and variable:
         raise DatasetError(f"format='arrays' stores fixed-shape features only; {variable} vary "

@@ -6,11 +6,13 @@ Files are listed as Keras lists them: the class names are the sorted sub-folder 
 not followed) and kept when their name ends in ``.bmp``, ``.gif``, ``.jpeg``, ``.jpg`` or
 ``.png`` (any case). The features are ``image`` (uint8, height × width × 3) and ``label``
 (int64, the class's index). Images are decoded with Pillow (RGB, an animation's first
-frame) on a thread per core and resized as Keras resizes them: TensorFlow's bilinear
-``tf.image.resize`` (half-pixel centres, no antialiasing), reproduced in NumPy (and in C,
-reading Pillow's memory without the GIL, where the extension is built), after a
-centred crop to the target's aspect ratio with ``crop_to_aspect_ratio``. Keras keeps the
-float32 result; memfit rounds it to uint8.
+frame; a 16-bit PNG's high bytes, as TensorFlow decodes it) on a thread per core and
+resized as Keras resizes them: TensorFlow's bilinear ``tf.image.resize`` (half-pixel
+centres, no antialiasing), reproduced in NumPy (and in C, reading Pillow's memory without
+the GIL, where the extension is built), after a centred crop to the target's aspect
+ratio with ``crop_to_aspect_ratio``. Keras keeps the float32 result; memfit rounds it to
+uint8. An ``image_size`` whose decoded images the pack could not hold in the memory
+available is refused when the source opens (:func:`check_image_memory`).
 
 With ``keep_encoded`` the ``image`` feature is each file's bytes as they are on disk (a
 variable uint8 feature whose :class:`~memfit.data.format.manifest.EncodedImage` says how
@@ -38,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -50,6 +53,8 @@ from memfit.data.format.manifest import EncodedImage, Feature
 from memfit.data.sources.columns import ArraySource, Columns
 from memfit.errors import DatasetError
 from memfit.memory.allocator import malloc_trim
+from memfit.memory.probe import system_memory
+from memfit.sizes import format_size
 
 try:                        # the resize from Pillow's memory, without the GIL (setup.py)
     from memfit.data.sources import cresize
@@ -57,14 +62,26 @@ except ImportError:         # built without a C compiler: NumPy resizes a copy, 
     cresize = None
 
 __all__ = ["ImageFolderSource", "open_images", "list_images", "resize_bilinear",
-           "parse_image_size", "load_image", "decode_image", "check_image", "IMAGE_FORMATS"]
+           "parse_image_size", "load_image", "decode_image", "check_image", "check_image_memory",
+           "IMAGE_FORMATS"]
 
 IMAGE_FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")     # Keras's allow-list
 # What tf.io.decode_image reads, as Pillow names it: a kept file must be one of them.
 ENCODED_FORMATS = ("BMP", "GIF", "JPEG", "PNG")
 
 
+# Pillow's modes of a 16-bit grayscale image (see _to_rgb).
+_GRAY16 = ("I;16", "I;16B", "I;16L", "I;16N")
+
 _CHECK_CHUNK = 512          # files checked at once (see ImageSource._decodable)
+
+# What a pack holds at once above its start, in decoded images at the target size (a
+# chunk is one image once an image passes the source's chunk_bytes; the write pipe holds
+# up to three chunks): measured packing 8x6 JPEGs at 3000x3000 (25.7 MiB an image), peak
+# RSS above the start 3.24 images (TFRecord) and 3.40 (arrays) with the C resize, 34.3
+# and 35.4 with the NumPy resize (its four float32 neighbours and their sums).
+_PACK_IMAGES = 4
+_PACK_IMAGES_NUMPY = 36
 
 
 def parse_image_size(value: Any) -> tuple[int, int]:
@@ -83,6 +100,32 @@ def parse_image_size(value: Any) -> tuple[int, int]:
         raise DatasetError(f"image_size must be two positive integers, height and width "
                            f"(e.g. '128,128'). Received: image_size={value!r}") from None
     return h, w
+
+
+def check_image_memory(size: tuple[int, int]) -> None:
+    """Refuses an ``image_size`` whose decoded images a pack cannot hold in the memory
+    available now (``_PACK_IMAGES`` of them at once, ``_PACK_IMAGES_NUMPY`` without the C
+    resize), before anything is decoded or written.
+
+    Raises:
+        DatasetError: naming the size, the bytes of one image at that size, what the pack
+            would hold and what is available, and the largest size that fits.
+    """
+    h, w = size
+    one = h * w * 3
+    copies = _PACK_IMAGES if cresize is not None else _PACK_IMAGES_NUMPY
+    need, available = one * copies, system_memory()[1]
+    if need <= available:
+        return
+    scale = math.sqrt(available / need)
+    fits = f"{max(1, int(h * scale))},{max(1, int(w * scale))}"
+    raise DatasetError(f"image_size {h}x{w} is too large for this machine's memory: one image "
+                       f"at that size is {format_size(one)} decoded ({h} x {w} x 3 = {one:,} "
+                       f"bytes) and the pack holds about {copies} at once "
+                       f"({format_size(need)}), more than the {format_size(available)} "
+                       f"available now. Give a smaller image_size (at most about {fits} at "
+                       f"this aspect ratio), or pack on a machine with more memory. "
+                       f"Received: image_size=({h}, {w})")
 
 
 def list_images(folder: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
@@ -172,8 +215,7 @@ def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
 
     with Image.open(path) as im:
         im.seek(0)
-        image = im if im.mode == "RGB" else im.convert("RGB")
-        image.load()                            # a file that does not decode raises here
+        image = _to_rgb(im)                     # a file that does not decode raises here
         resized = _resize_from_pillow(image, size, crop)
         if resized is not None:
             return resized
@@ -185,6 +227,28 @@ def load_image(path: Any, size: tuple[int, int], crop: bool) -> np.ndarray:
         return np.ascontiguousarray(rgb)
     out = resize_bilinear(rgb, size)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _to_rgb(im: Any) -> Any:
+    """The open image ``im`` decoded and converted to RGB as ``tf.io.decode_image(channels=3)``
+    converts it. A 16-bit grayscale PNG (Pillow's mode ``I;16``, ``I`` before Pillow 10)
+    keeps each value's high byte, ``v >> 8``, what TensorFlow's libpng
+    (``png_set_strip_16``) gives for uint8: Pillow's own conversion clips it to 255
+    instead. (Pillow reads 16-bit gray + alpha, RGB and RGBA PNGs as 8-bit modes, keeping
+    the high byte already.)"""
+    from PIL import Image
+
+    if im.mode == "RGB":
+        im.load()
+        return im
+    if im.mode in _GRAY16 or (im.mode == "I" and im.format == "PNG"):
+        im.load()
+        gray = np.asarray(im).astype(np.int64)
+        high = (np.clip(gray, 0, 65535) >> 8).astype(np.uint8)
+        return Image.fromarray(high).convert("RGB")
+    image = im.convert("RGB")
+    image.load()
+    return image
 
 
 def _resize_from_pillow(image: Any, size: tuple[int, int], crop: bool) -> np.ndarray | None:
@@ -284,6 +348,8 @@ class ImageFolderSource(ArraySource):
         self.workers = workers or os.cpu_count() or 1
         self.class_names, files = list_images(folder)
         self.keep_encoded = bool(keep_encoded)
+        if not self.keep_encoded:           # kept encoded, the pack decodes no image at size
+            check_image_memory(self.size)
         self.skipped: list[str] = []
         self.largest = (0, 0)
         if on_corrupt == "skip" or self.keep_encoded:
