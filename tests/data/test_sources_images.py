@@ -366,3 +366,14 @@ def test_a_record_over_protobufs_2_gib_is_refused_before_anything_is_written(tmp
         memfit.pack(images=root, image_size=(1000, 1000), output=tmp_path / "ds",
                     samples_per_record=800, progress=False)
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("size", [(16.5, 16), (True, 16), "16.5,16", (16, 16, 3), (0, 4)])
+def test_an_image_size_that_is_not_two_whole_numbers_is_refused(size):
+    """A stranger's pack(images=..., image_size=(16.5, 16)) packed at 16x16, and (True, 16)
+    at 1x16: a size is two positive whole numbers, or it is refused."""
+    from memfit.data.sources.image_source import parse_image_size
+
+    with pytest.raises(DatasetError, match="image_size must be two positive integers"):
+        parse_image_size(size)
+    assert parse_image_size((16.0, 24)) == (16, 24) and parse_image_size("16x24") == (16, 24)

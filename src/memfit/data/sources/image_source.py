@@ -93,6 +93,11 @@ def parse_image_size(value: Any) -> tuple[int, int]:
     """
     parts = value.replace("x", ",").split(",") if isinstance(value, str) else value
     try:
+        parts = list(parts)
+        # 16.5 is not truncated to 16, nor True taken for 1 (a stranger packed 1x16)
+        if any(isinstance(p, bool) or isinstance(p, float) and not p.is_integer()
+               for p in parts):
+            raise ValueError
         h, w = (int(p) for p in parts)
         if h < 1 or w < 1:
             raise ValueError
