@@ -1,8 +1,8 @@
-"""Pack arrays (.npy, memory-mapped), an .npz, a CSV file or TFRecord files of
-tf.train.Example records into checksummed TFRecord shards with a manifest.json, in a seeded
-shuffle order. With --format arrays, write one .npy file
-per split and feature instead (<split>/<feature>.npy, sha256 in the manifest), for
-memfit.dataset's memory-mapped reader with a global shuffle.
+"""Pack arrays (.npy, memory-mapped), an .npz, a CSV or Parquet file, TFRecord files of
+tf.train.Example records or a folder of images (one sub-folder a class) into checksummed
+TFRecord shards with a manifest.json, in a seeded shuffle order. With --format arrays,
+write one .npy file per split and feature instead (<split>/<feature>.npy, sha256 in the
+manifest), for memfit.dataset's memory-mapped reader with a global shuffle.
 
 examples:
   memfit pack x=images.npy y=labels.npy -o data/train
@@ -29,7 +29,8 @@ from memfit.errors import DatasetError
 from memfit.memory.allocator import fix_mmap_threshold
 
 NAME = "pack"
-HELP = "pack arrays, an .npz, a CSV or TFRecord files into checksummed shards (or .npy)"
+HELP = ("pack arrays, an .npz, CSV, Parquet or TFRecord files, or a folder of images into "
+        "checksummed shards (or .npy)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
