@@ -267,7 +267,7 @@ def test_a_file_that_does_not_decode_stops_the_pack_or_is_skipped(tmp_path, caps
     err = [ln for ln in capsys.readouterr().err.splitlines() if "WARNING" in ln]
     assert len(err) == 1 and str(bad) in err[0] and "skipped 1 of 16" in err[0]
     assert result.samples == 15
-    assert "skipped 1 files that do not decode" in Manifest.load(tmp_path / "ds").source
+    assert "skipped 1 file that does not decode" in Manifest.load(tmp_path / "ds").source
 
 
 def _run(*args, cwd):

@@ -149,7 +149,8 @@ def _only_tfrecord(**given: Any) -> None:
              if not (v is None or (k == "variable" and not v) or (k == "workers" and v == 1))}
     if extra:
         listed = ", ".join(f"{k}={v!r}" for k, v in extra.items())
-        raise DatasetError(f"{', '.join(extra)} apply to format='tfrecord' only; "
+        verb = "applies" if len(extra) == 1 else "apply"
+        raise DatasetError(f"{', '.join(extra)} {verb} to format='tfrecord' only; "
                            f"format='arrays' writes one .npy file per split and feature. "
                            f"Received: {listed}")
 

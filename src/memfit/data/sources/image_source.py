@@ -370,8 +370,9 @@ class ImageFolderSource(ArraySource):
         self.features = {"image": image, "label": Feature("label", "int64", ())}
         self.columns: Columns = dict.fromkeys(self.features)  # names only: see take
         crop = ", crop_to_aspect_ratio" if self.crop else ""
-        skipped = f"; skipped {len(self.skipped)} files that do not decode: " \
-            f"{json.dumps(self.skipped)}" if self.skipped else ""
+        n = len(self.skipped)
+        skipped = f"; skipped {n} file{'s' if n != 1 else ''} that do{'es' if n == 1 else ''} " \
+            f"not decode: {json.dumps(self.skipped)}" if self.skipped else ""
         self.description = (f"images {self.folder} ({self.length:,} files, classes "
                             f"{json.dumps(self.class_names)} → label 0..."
                             f"{len(self.class_names) - 1}; image_size {self.size[0]}x"
