@@ -66,3 +66,35 @@ def test_growth_in_use_stays_a_leak_and_a_short_series_is_ignored():
     level = [600 * MiB + (i % 2) * MiB for i in range(8)]
     assert classify(level, warmup_epochs=1, held=[MiB * 30 * i for i in range(8)]).kind \
         == "stable"                                          # no growth: nothing to explain
+
+
+def test_growth_of_the_bytes_in_use_is_a_leak_whatever_a_trim_gives_back():
+    """On JAX a stranger's script kept 19 MiB more NumPy data every epoch, and the doctor
+    said "No memory problem": a trim gave back 36 MiB of other free memory (XLA's), more
+    than half the 39 MiB growth, so it was called retention. glibc's bytes in use grew by
+    the growth: live allocations hold it, and no trim says otherwise."""
+    rss = [300 * MiB + 19 * MiB * i for i in range(8)]
+    used = [100 * MiB + 19 * MiB * i for i in range(8)]     # handed out, not back
+    v = classify(rss, warmup_epochs=1, trim_probe=lambda: 36 * MiB, in_use=used)
+    assert v.kind == "leak" and v.in_use == 6 * 19 * MiB and v.released == 36 * MiB, v
+    assert "live allocations hold the memory" in v.explanation
+    assert "glibc's bytes in use +114.0 MiB; malloc_trim gave back 36.0 MiB" in v.headline
+    assert v.to_record()["in_use"] == v.in_use
+    # the same growth with the bytes in use flat: the trim decides, as before
+    flat = [100 * MiB + (i % 2) * MiB for i in range(8)]
+    v = classify(rss, warmup_epochs=1, trim_probe=lambda: 100 * MiB, in_use=flat)
+    assert v.kind == "allocator-retention" and v.released == 100 * MiB, v
+    v = classify(rss, warmup_epochs=1, held=[40 * MiB + 24 * MiB * i for i in range(8)],
+                 in_use=used)
+    assert v.kind == "leak", v                               # free bytes cannot undo it
+
+
+@glibc
+def test_the_bytes_in_use_count_what_numpy_keeps():
+    import numpy as np
+
+    from memfit.memory.allocator import malloc_in_use
+
+    before = malloc_in_use()
+    kept = [np.ones(2_500_000) for _ in range(3)]            # 19.1 MiB each, as on JAX
+    assert malloc_in_use() - before >= 57 * MiB and len(kept) == 3

@@ -63,7 +63,7 @@ from memfit.env import (
     WORKDIR_ENV,
     env_int,
 )
-from memfit.memory.allocator import ReleaseProbe, malloc_free
+from memfit.memory.allocator import ReleaseProbe, malloc_free, malloc_in_use
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 
@@ -101,6 +101,8 @@ class _State:
     epoch_rss: list = dataclasses.field(default_factory=list)
     step_free: list = dataclasses.field(default_factory=list)     # glibc's free bytes, beside
     epoch_free: list = dataclasses.field(default_factory=list)    # ... step_rss and epoch_rss
+    step_used: list = dataclasses.field(default_factory=list)     # glibc's bytes in use, too
+    epoch_used: list = dataclasses.field(default_factory=list)
     rss_before_fit: int | None = None
     rss_first_step: int | None = None
     fit_started: float | None = None
@@ -245,6 +247,7 @@ def _callback_class(keras: Any) -> type:
             st.steps += 1
             st.step_rss.append(_anon(s))
             st.step_free.append(malloc_free())
+            st.step_used.append(malloc_in_use())
             st.step_t.append(s.t)
             if st.rss_first_step is None:
                 st.rss_first_step = _anon(s)
@@ -263,6 +266,7 @@ def _callback_class(keras: Any) -> type:
             s = sample()
             st.epoch_rss.append(_anon(s))
             st.epoch_free.append(malloc_free())
+            st.epoch_used.append(malloc_in_use())
             st.epochs += 1
             log = _log(st)
             if log is not None:
@@ -380,6 +384,7 @@ def _verdict(st: _State) -> dict | None:
     if len(st.epoch_rss) >= MIN_EPOCH_VALUES:
         values, basis = list(st.epoch_rss), "epochs"
         free: list | None = list(st.epoch_free)
+        used: list | None = list(st.epoch_used)
         unit = st.steps / len(st.epoch_rss)
     elif len(st.step_rss) >= 2 * SLICES:
         n = len(st.step_rss)
@@ -388,12 +393,15 @@ def _verdict(st: _State) -> dict | None:
         values = [statistics.median(st.step_rss[a:b]) for a, b in bounds]
         free = [statistics.median(st.step_free[a:b]) for a, b in bounds] \
             if None not in st.step_free else None
+        used = [statistics.median(st.step_used[a:b]) for a, b in bounds] \
+            if None not in st.step_used else None
         basis, unit, warmup = "steps", n / SLICES, WARMUP_SLICES
     else:
         return None
     verdict = classify(values, warmup_epochs=warmup,
                        trim_probe=malloc_trim if trim_available() else None,
-                       held=None if free is None or None in free else free)
+                       held=None if free is None or None in free else free,
+                       in_use=None if used is None or None in used else used)
     return {**verdict.to_record(), "basis": basis, "steps_per_value": unit,
             "per_step": verdict.slope / unit if unit else None, "values": values}
 

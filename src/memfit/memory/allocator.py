@@ -38,8 +38,8 @@ from memfit import checks
 from memfit.errors import MemfitError
 from memfit.memory.probe import sample
 
-__all__ = ["malloc_trim", "malloc_free", "trim_available", "require_trim", "limit_arenas",
-           "Release", "ReleaseProbe",
+__all__ = ["malloc_trim", "malloc_free", "malloc_in_use", "trim_available", "require_trim",
+           "limit_arenas", "Release", "ReleaseProbe",
            "ALLOCATOR_POLICIES", "FIXED_MMAP_THRESHOLD", "policy_env", "check_policy",
            "fix_mmap_threshold", "current_policy"]
 
@@ -122,12 +122,36 @@ def malloc_free() -> int | None:
     Returns:
         Bytes, or ``None`` where the C library has no ``mallinfo2``.
     """
+    info = _mallinfo2()
+    return None if info is None else int(info.fordblks)
+
+
+def malloc_in_use() -> int | None:
+    """The bytes glibc has handed out and not had back: chunks in use in its arenas and
+    mapped chunks (``mallinfo2().uordblks + hblkhd``). Where it grows as much as anonymous
+    RSS does, live allocations hold the growth: a trim that gives memory back then gave
+    back other free memory, and the growth is not allocator retention. (Python's small
+    objects live in its own mapped arenas, outside this count.)
+
+    Example:
+        >>> used = malloc_in_use()          # None: not glibc 2.33 or later
+        >>> used is None or used > 0
+        True
+
+    Returns:
+        Bytes, or ``None`` where the C library has no ``mallinfo2``.
+    """
+    info = _mallinfo2()
+    return None if info is None else int(info.uordblks + info.hblkhd)
+
+
+def _mallinfo2() -> _MallInfo2 | None:
     lib = _load()
     info = getattr(lib, "mallinfo2", None) if lib else None
     if info is None:
         return None
     info.restype = _MallInfo2
-    return int(info().fordblks)
+    return info()
 
 
 _arena_limit: int | None = None

@@ -11,7 +11,13 @@ from typing import Any
 import keras
 
 from memfit import checks, exitcodes
-from memfit.memory.allocator import ReleaseProbe, malloc_free, malloc_trim, require_trim
+from memfit.memory.allocator import (
+    ReleaseProbe,
+    malloc_free,
+    malloc_in_use,
+    malloc_trim,
+    require_trim,
+)
 from memfit.memory.classifier import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
@@ -117,6 +123,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.tensorboard_dir = tensorboard_dir
         self.epoch_values: list[int] = []
         self.epoch_free: list[int | None] = []      # glibc's free bytes at each epoch end
+        self.epoch_used: list[int | None] = []      # ... and its bytes in use (live)
         self.verdict: Verdict | None = None
         # On a GPU: the device allocator's bytes in use, and what NVML charges the process
         # (in use + what the allocator keeps), at each epoch end.
@@ -191,6 +198,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         record = self._sample("epoch_end", epoch=epoch)
         self.epoch_values.append(record.get("rss_anon", record["rss"]))
         self.epoch_free.append(malloc_free())
+        self.epoch_used.append(malloc_in_use())
         self._device_epoch(record, epoch)
         if len(self.epoch_values) - self.warmup_epochs < MIN_VALUES and not \
                 self._release.releases:
@@ -247,8 +255,10 @@ class MemoryMonitor(keras.callbacks.Callback):
             # After malloc_trim, glibc's free bytes count pages it gave back (not resident):
             # with trim="epoch" they can grow while RSS does not, so they tell nothing.
             free = None if None in self.epoch_free or self.trim == "epoch" else self.epoch_free
+            used = None if None in self.epoch_used else self.epoch_used
             verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
-                               budget=self.budget, trim_probe=trim_probe, held=free)
+                               budget=self.budget, trim_probe=trim_probe, held=free,
+                               in_use=used)
         kept = classify_release(self._release.releases)
         if kept is not None and (verdict is None or verdict.kind != "leak"):
             return kept
