@@ -104,6 +104,10 @@ CASES = [
     (["estimate", "keras.applications:MobileNetV2", "--budget", "lots"], 2, "lots"),
     (["find-batch-size", "mod:not_a_model", "--budget", "1GiB", "--start", "0"], 2, "start"),
     (["find-batch-size", "mod:not_a_model", "--budget", "huge"], 2, "huge"),
+    (["find-batch-size", "mod:not_a_model", "--budget", "1GiB", "--steps", "0"], 2,
+     "Received: steps=0"),
+    (["find-batch-size", "mod:not_a_model", "--budget", "1GiB", "--precision", "-1"], 2,
+     "Received: precision=-1.0"),
     (["calibrate", "--runs", "0"], 2, "runs"),
     # share
     (["share", "missing.toml"], 2, "missing.toml"),

@@ -209,6 +209,7 @@ def measure_training(model: str | ModelSpec, batch_size: int, *,
     """
     backend = require_for_training("measuring a training")   # in its child
     check_batch_size(batch_size)
+    check_batch_size(steps, "steps")         # 0 steps measured nothing, and said "fits"
     check_policy(dtype_policy)
     check_allocator(allocator)
     if not isinstance(model, str | ModelSpec):

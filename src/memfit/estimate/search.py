@@ -197,6 +197,11 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         optimizer = check_optimizer(optimizer)
     with input_errors():
         checks.count("max_trials", max_trials)
+        checks.count("steps", steps, example=2,
+                     hint="A trial of 0 steps measures nothing: every batch size fits.")
+        precision = checks.number("precision", precision, example=0.03,
+                                  hint="The fraction of the answer to find it within (0: "
+                                       "to one sample).")
         start = checks.count("start", start, optional=True, example=32,
                              hint="The first batch size to try (None: the estimate's).")
     if not step_factor > 1:
