@@ -294,6 +294,23 @@ def test_a_zero_memory_limit_is_one_clear_line_and_exit_2(tmp_path, capsys, opti
     assert "Traceback" not in err and not (tmp_path / "wd").exists()
 
 
+def test_a_command_without_a_session_is_said_to_be_unrestartable(tmp_path):
+    """A stranger's --restart-every 1 on a plain Keras script trained 40 epochs in one
+    process and was told "finished after 0 epochs". Nothing checkpointed: the summary
+    says what memfit run cannot do for it, and counts no epochs."""
+    script = tmp_path / "plain.py"
+    script.write_text("import time\ntime.sleep(0.2)\nprint('trained')\n")
+    result = memfit.run([sys.executable, str(script)], workdir=tmp_path / "wd",
+                        restart_every=1, out=False)
+    text = str(result)
+    assert result.finished and not result.checkpointed and len(result.children) == 1
+    assert "finished in " in text and "epoch" not in text.splitlines()[0], text
+    assert "wrote no checkpoint" in text and "--restart-every does nothing" in text
+    with_session = memfit.RunResult(0, True, None, (), 3, 1.0, 0.0, tmp_path)
+    assert "finished after 3 epochs" in str(with_session)
+    assert "wrote no checkpoint" not in str(with_session)
+
+
 def test_an_empty_command_is_refused():
     with pytest.raises(ValueError, match="command is empty"):
         memfit.run([])

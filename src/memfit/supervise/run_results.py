@@ -104,6 +104,8 @@ class RunResult:
             judges it (a level, a leak...), or ``None`` when it lived too short to tell.
         start: how the processes started (``"warm (forked from a parent that imported
             keras, tensorflow once, in 3.8 s)"``, ``"cold (why)"``).
+        checkpointed: whether any process of the run checkpointed or resumed (a script
+            without ``memfit.session()`` does neither: nothing to restart it from).
     """
 
     exit_code: int
@@ -117,6 +119,7 @@ class RunResult:
     command: tuple[str, ...] = ()
     memory: OutsideVerdict | None = None
     start: str = ""
+    checkpointed: bool = True
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -131,9 +134,18 @@ class RunResult:
         restarts = len(self.children) - 1
         by = ", ".join(f"{n} {r}" for r, n in self.restarts.items())
         state = "finished" if self.finished else f"stopped ({self.stop_reason})"
-        lines = [f"memfit run: {cmd} {state} after {self.epoch} epoch"
-                 f"{'s' if self.epoch != 1 else ''} in {self.duration:.1f} s, {restarts} "
+        done = f" after {self.epoch} epoch{'s' if self.epoch != 1 else ''}" \
+            if self.checkpointed else ""
+        lines = [f"memfit run: {cmd} {state}{done} in {self.duration:.1f} s, {restarts} "
                  f"restart{'s' if restarts != 1 else ''}" + (f" ({by})" if by else "")]
+        if not self.checkpointed:
+            # a stranger's --restart-every 1 on a plain script: 40 epochs in one process,
+            # and "finished after 0 epochs"
+            lines.append("  Note: the command wrote no checkpoint (it does not train inside "
+                         "memfit.session()), so memfit run cannot restart it where it was: "
+                         "--restart-every does nothing to it, a restart starts it over, and "
+                         "its epochs are not counted. docs/supervise.md shows the two lines "
+                         "to add.")
         lines.append(f"  {'#':>2}  {'pid':>7}  {'exit':>4}  {'from':>9}  {'to':>9}  "
                      f"{'peak anon':>10}  {'lived':>7}  ended by      (from/to: epochs+steps "
                      f"done)")

@@ -467,7 +467,8 @@ class _Supervisor:
             stop_reason=stop_reason, children=tuple(self.children),
             epoch=_position(self.store)[0], duration=time.time() - since,
             lost=_lost_time(self.wd.log, since, self.children), log_path=self.wd.log,
-            command=tuple(self.command), memory=self._memory(last), start=self.start_note)
+            command=tuple(self.command), memory=self._memory(last), start=self.start_note,
+            checkpointed=_checkpointed(self.wd.log, since))
         if stop_reason:
             self.log.write(Event.STOP, reason=stop_reason)
         self.log.close()
@@ -482,6 +483,12 @@ class _Supervisor:
             return None
         self.log.write(Event.VERDICT, pid=child.pid, source="run", **judged.to_record())
         return judged
+
+
+def _checkpointed(log_path: Path, since: float) -> bool:
+    """Whether a process of the run started at ``since`` checkpointed or resumed."""
+    return any(r["t"] >= since and r["event"] in (Event.CHECKPOINT, Event.RESUME)
+               for r in read_log(log_path))
 
 
 def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> float:
