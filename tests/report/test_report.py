@@ -116,8 +116,21 @@ def test_too_few_epochs_are_said_so(tmp_path, capsys):
     simple_leak(tmp_path / "short.jsonl", epochs=2, gpu=False)
     result = write_report(tmp_path / "short.jsonl")
     assert [(v.kind, v.origin) for v in result.verdicts] == [("too-short", "too-few-epochs")]
-    assert "too few epochs" in result.headline
+    assert "had 2 (too few epochs in one process)" in result.headline
     assert "at least 5" in result.html.read_text()
+
+
+def test_a_log_without_epoch_ends_is_not_said_to_have_too_few(tmp_path):
+    """A stranger's 11 epochs under memfit run, one process each and no MemoryMonitor,
+    were told "had 0 (too few epochs)": the log has no epoch ends at all."""
+    log = tmp_path / "run.jsonl"
+    with MemoryLog(log, source="run", header=False) as w:
+        start(w, 4242, source="run", command="train.py")
+        for i in range(5):
+            w.write("sample", t=T0 + i, pid=4242, rss=100 * MiB, rss_anon=90 * MiB)
+    result = write_report(log)
+    assert "the log has none (no MemoryMonitor)" in result.headline, result.headline
+    assert "too few epochs" not in result.headline
 
 
 def test_everything_from_the_log_is_escaped(tmp_path):

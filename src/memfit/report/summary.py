@@ -148,15 +148,17 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
         return tuple(out)
     most = max((len(p.epoch_ends) for p in data.processes.values()), default=0)
     if most == 0:
-        why = ("This log has no epoch_end events (memfit watch samples time only), so there "
-               "is nothing to compare from epoch to epoch.")
+        why = ("This log has no epoch_end events (no MemoryMonitor in the script; memfit "
+               "watch and memfit run sample time only), so there is nothing to compare "
+               "from epoch to epoch.")
     else:
         why = (f"The longest-running process logged {most} epoch end"
                f"{'s' if most > 1 else ''}; at least {MIN_EPOCHS} in one process are needed "
                f"to tell growth from noise.")
     return (VerdictSummary(
         TOO_SHORT, f"too short to judge: needs ≥ {MIN_EPOCHS} epoch ends in one process, "
-                   f"had {most} (too few epochs)", why,
+                   + ("the log has none (no MemoryMonitor)" if most == 0 else
+                      f"had {most} (too few epochs in one process)"), why,
         "Record epoch ends with memfit.MemoryMonitor in model.fit and train for at least "
         f"{MIN_EPOCHS} epochs (more after a warm-up), then run memfit report again.",
         None, "too-few-epochs"),)
