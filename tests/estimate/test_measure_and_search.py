@@ -1,5 +1,6 @@
 """Real training steps in child processes: --measure, the budget watchdog, the search."""
 
+import dataclasses
 import json
 import math
 import platform
@@ -128,3 +129,13 @@ def test_an_answer_no_failure_bounded_is_reported_as_a_lower_bound():
                              smallest_failing=81, trials=trials + (Trial(81, "oom", None, 1.),))
     assert str(bracketed).startswith("largest batch size that fits 1.0 GiB: 80")
     assert bracketed.to_json()["lower_bound"] is False
+    assert "known within" not in str(bracketed)
+    # the trials ran out with 127 fitting and 151 not, under a 3 % precision (a stranger)
+    wide = SearchResult(batch_size=127, peak=2**28, budget=2**30, estimated=64,
+                        smallest_failing=151, trials=trials, precision=0.03)
+    head = str(wide).splitlines()[0]
+    assert head.startswith("largest batch size that fits 1.0 GiB: 127")
+    assert "known within 19% only: batch 151 did not fit" in head
+    assert "Raise --max-trials" in head
+    narrow = dataclasses.replace(wide, smallest_failing=130)
+    assert "known within" not in str(narrow)

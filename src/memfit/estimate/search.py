@@ -88,6 +88,7 @@ class SearchResult:
     advice: tuple[str, ...] = ()
     estimated_point: int | None = None
     estimated_low: int | None = None
+    precision: float | None = None
 
     @property
     def lower_bound(self) -> bool:
@@ -117,6 +118,16 @@ class SearchResult:
             head = (f"largest batch size that fits {format_size(self.budget)}: "
                     f"{self.batch_size} (measured peak {format_size(self.peak)}; the "
                     f"estimate said {self.estimated})")
+            gap = (self.smallest_failing - self.batch_size) / self.batch_size \
+                if self.smallest_failing else 0.0
+            if self.precision is not None and gap > self.precision \
+                    and self.smallest_failing - self.batch_size > 1:
+                # a stranger's --max-trials 5 ended with 127 fitting and 151 not, 19 %
+                # apart, under a 3 % precision, and the answer read as exact
+                head += (f", known within {gap:.0%} only: batch {self.smallest_failing} "
+                         f"did not fit, and the trials ran out before the "
+                         f"{self.precision:.0%} asked. Raise --max-trials (max_trials=) "
+                         f"to narrow it")
         else:
             head = f"no batch size fits {format_size(self.budget)}"
         return "\n".join([head, *lines, self._against(), *(f"  - {a}" for a in self.advice)])
@@ -261,7 +272,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                         budget=budget_bytes, estimated=estimated,
                         smallest_failing=search.hi, trials=tuple(search.trials),
                         advice=advice, estimated_point=report.get("point_batch_size"),
-                        estimated_low=report.get("low_batch_size"))
+                        estimated_low=report.get("low_batch_size"), precision=precision)
 
 
 class _Search:
