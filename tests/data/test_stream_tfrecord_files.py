@@ -407,3 +407,54 @@ def test_on_another_backend_a_batch_that_lost_every_record_is_replaced(
     assert np.array_equal(got[0], x[4:8]) and np.array_equal(got[1], x[4:8])
     assert np.array_equal(got[2], x[[8, 10, 11]])
     assert capsys.readouterr().err.count("memfit: WARNING: skipped record") == 5
+
+
+# -- what reaches the user's stderr: no TensorFlow log lines ------------------------------------
+
+READERS_CHILD = """\
+import sys
+
+import tensorflow as tf
+
+import memfit
+from memfit.data.read.files.files_plan import READ_BUFFER
+
+tf.config.list_physical_devices()               # the script's start-up lines: before the mark
+
+files, packed = sys.argv[1:]
+print("MARK", file=sys.stderr, flush=True)
+for path in (files, packed):
+    print(sum(len(y) for _, y in memfit.dataset(path, 8, features=("data", "label"))))
+print("MARK", file=sys.stderr, flush=True)
+list(tf.data.TFRecordDataset(tf.io.matching_files(files), compression_type="GZIP",
+                             buffer_size=1))
+print(READ_BUFFER)
+"""
+
+
+def test_tensorflows_tfrecord_reader_logs_nothing(tmp_path):
+    # TensorFlow logs an info line the first time a process opens a TFRecord file ("The
+    # default buffer size is 262144, which is overridden by the user specified
+    # buffer_size of 262144" as memfit named it; "... is unspecified, default to 262144"
+    # if not), in a tf.data thread: for GZIP files read in place, and packs read by the
+    # TF reader (compressed, variable-shape, --keep-encoded).
+    from .helpers import tensorflow_lines, user_env
+
+    x, y = _recipe_data(40)
+    (tmp_path / "gz").mkdir()
+    write_recipe(tmp_path / "gz", x, y, files=2, compression="GZIP")
+    memfit.pack({"data": x, "label": y}, tmp_path / "packed", compression="GZIP",
+                progress=False)
+    script = tmp_path / "child.py"
+    script.write_text(READERS_CHILD)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "gz" / "*.tfrecords"),
+                        str(tmp_path / "packed")], env=user_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts, read_buffer = r.stdout.split()[:2], int(r.stdout.split()[2])
+    assert counts == ["40", "40"]
+    _, reading, probe = r.stderr.split("MARK\n")
+    assert tensorflow_lines(reading) == [], reading
+    # The bytes read are the same: the buffer memfit named is the one TensorFlow reads
+    # with when none is named (what it says when one is).
+    assert f"The default buffer size is {read_buffer}, which is overridden" in probe, probe

@@ -67,11 +67,12 @@ import tensorflow as tf
 
 from memfit.data.read.feeder import epochs_dataset
 from memfit.data.read.files.files_open import InPlace, open_in_place
-from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER
+from memfit.data.read.files.files_plan import CHUNK_RECORDS
 from memfit.data.read.files.record_gather import decode_into
 from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.translate_errors import assert_clean
 from memfit.data.sources.tfrecord_source import RecordFeature
+from memfit.quiet import spend_tfrecord_reader_line
 
 __all__ = ["stream_files"]
 
@@ -108,8 +109,9 @@ class _Steps:
         when it was opened (``TFRecordDataset`` stops quietly at a damaged record under
         ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
-        raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
-                                      buffer_size=READ_BUFFER).ignore_errors().batch(CHUNK_RECORDS)
+        # Read with TensorFlow's default buffer (READ_BUFFER), not named: naming it logs.
+        raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i]
+                                      ).ignore_errors().batch(CHUNK_RECORDS)
         end = tf.data.Dataset.from_tensors((tf.constant([], tf.string), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
 
@@ -291,6 +293,8 @@ def stream_files(path: Any, batch_size: int, **arguments: Any) -> tf.data.Datase
     """
     opened = open_in_place(path, batch_size, **arguments)
     plan, names = opened.plan, opened.names
+    if opened.batches is None:             # compressed: read by TFRecordDataset
+        spend_tfrecord_reader_line()        # its info line, where it is dropped
     steps = _Steps(opened, on_corrupt=arguments.get("on_corrupt", "raise"),
                    drop_remainder=arguments.get("drop_remainder", False))
     epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
