@@ -72,10 +72,12 @@ from memfit.data.read.files.record_gather import decode_into
 from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.translate_errors import assert_clean
 from memfit.data.sources.tfrecord_source import RecordFeature
+from memfit.errors import CorruptShardError
 from memfit.quiet import spend_tfrecord_reader_line
 
 __all__ = ["stream_files"]
 
+_NO_ERROR = np.array(b"")
 
 
 class _Steps:
@@ -201,13 +203,31 @@ class _Steps:
         return out
 
     def _slow(self, fi: tf.Tensor, ri: tf.Tensor, r: tf.Tensor) -> dict[str, tf.Tensor]:
-        names = list(self.feats)
-        values = tf.numpy_function(self._py_decode, [fi, ri, r],
-                                   [tf.as_dtype(self.feats[n].dtype) for n in names],
-                                   stateful=False)
+        return self._in_python(self._py_decode, [fi, ri, r])
+
+    def _in_python(self, func: Any, args: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The features, as ``func(*args)`` returns them (one array each, in order), from a
+        ``numpy_function``. A ``CorruptShardError`` it raises fails the step with an
+        assertion whose text is memfit's message (:func:`assert_clean`), as the packed
+        readers do: an exception raised in a ``numpy_function`` has TensorFlow log it
+        with its Python traceback, twice, before the user sees memfit's error."""
+        feats = list(self.feats.values())
+
+        def checked(*arrays: np.ndarray) -> list[np.ndarray]:
+            try:
+                return [*func(*arrays), _NO_ERROR]
+            except CorruptShardError as e:      # arrays of the declared types, never used
+                return [*(np.zeros((0, *f.shape), f.dtype) for f in feats),
+                        np.array(str(e).encode("utf-8"))]
+
+        *values, error = tf.numpy_function(
+            checked, args, [*(tf.as_dtype(f.dtype) for f in feats), tf.string],
+            stateful=False)
+        with tf.control_dependencies([assert_clean(error)]):
+            values = [tf.identity(v) for v in values]
         out = {}
-        for name, v in zip(names, values, strict=True):
-            v.set_shape([None, *self.feats[name].shape])
+        for (name, f), v in zip(self.feats.items(), values, strict=True):
+            v.set_shape([None, *f.shape])
             out[name] = v
         return out
 
@@ -243,18 +263,11 @@ class _Steps:
         """The epoch's batches read record by record (plain files,
         :class:`~memfit.data.read.files.record_gather.InPlaceBatches`): the same records in
         the same order as the files read in sequence."""
-        names = list(self.feats)
-        dtypes = [tf.as_dtype(self.feats[n].dtype) for n in names]
         batches = self.batches
         assert batches is not None
 
         def read(s: tf.Tensor) -> dict[str, tf.Tensor]:
-            values = tf.numpy_function(batches, [e, s], dtypes, stateful=False)
-            out = {}
-            for name, v in zip(names, values, strict=True):
-                v.set_shape([None, *self.feats[name].shape])
-                out[name] = v
-            return out
+            return self._in_python(batches, [e, s])
 
         ds = tf.data.Dataset.range(self.plan.steps_per_epoch).map(
             read, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
