@@ -48,6 +48,17 @@ def test_every_startup_line_is_noise_and_nothing_else():
     assert strip_noise(mixed) == KEPT
 
 
+def test_the_tfrecord_readers_first_line_is_noise_and_its_errors_are_not():
+    tfrecord = ("I0000 00:00:1796607337.122145   18742 tf_record_dataset_op.cc:390] "
+                "TFRecordDataset `buffer_size` is unspecified, default to 262144",
+                "I0000 00:00:1796607305.684049   18102 tf_record_dataset_op.cc:396] The default "
+                "buffer size is 262144, which is overridden by the user specified "
+                "`buffer_size` of 262144")
+    assert all(is_noise(line) for line in tfrecord)
+    assert not is_noise("W0000 00:00:1796607305.684049   18102 tf_record_dataset_op.cc:401] "
+                        "DATA_LOSS: corrupted record at 12")
+
+
 def test_the_line_filter_passes_progress_at_once_and_holds_what_may_be_noise():
     f = LineFilter()
     assert f.feed(b" 10%|#") == b" 10%|#" and not f.pending       # a progress bar: at once

@@ -20,6 +20,14 @@ What silences what (measured with ``python -c "import tensorflow"``):
   info lines: ``TF_CPP_MIN_LOG_LEVEL=1`` hides them. TensorFlow reads the variable once,
   while it is imported.
 
+TensorFlow's TFRecord reader logs an info line the first time a process opens a TFRecord
+file, whatever ``buffer_size`` is given (none: ``TFRecordDataset `buffer_size` is
+unspecified, default to 262144``; one, even that: ``The default buffer size is 262144,
+which is overridden by the user specified `buffer_size` of 262144``), and never again. It
+is logged in a ``tf.data`` thread once the pipeline runs (under ``model.fit``), where
+nothing can hold fd 2, so :func:`spend_tfrecord_reader_line` has it logged earlier, while
+fd 2 is held, by reading an empty file.
+
 JAX logs its own when it starts its backend, through Python's ``logging`` (bare, as
 ``INFO:jax._src.xla_bridge:…``, or in absl's format when TensorFlow is imported too)::
 
@@ -40,6 +48,8 @@ output, TensorFlow's warnings and errors) as it is:
   TensorFlow reads it (hiding the info lines of the estimate's graph optimizer), and unset
   again after, so no child inherits it. A value the user set is left alone. JAX's lines
   are dropped from its logger by a :class:`logging.Filter` while :func:`quieted` is on.
+- in memfit's own process, before a pipeline that reads TFRecord files with TensorFlow's
+  reader: :func:`spend_tfrecord_reader_line` (once a process).
 - estimate's measuring children write to files that memfit reads; :func:`strip_noise`
   takes the lines out of what a failed child's message quotes.
 
@@ -78,7 +88,7 @@ from typing import Any
 
 __all__ = ["NOISE", "is_noise", "strip_noise", "LineFilter", "FilteredPopen", "quieted",
            "filtered_stderr", "filters_children", "ignore_keras_shuffle_warning",
-           "LOG_LEVEL_ENV"]
+           "spend_tfrecord_reader_line", "LOG_LEVEL_ENV"]
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
@@ -110,6 +120,11 @@ NOISE = tuple(re.compile(p) for p in (
     _PREFIX + r"devices\.cc:\d+\] Number of eligible GPUs \(core count >= \d+, compute "
               r"capability >= [\d.]+\): \d+$",
     _PREFIX + r"single_machine\.cc:\d+\] Starting new session$",
+    # The TFRecord reader, the first time a process opens a file (either line).
+    _PREFIX + r"tf_record_dataset_op\.cc:\d+\] TFRecordDataset `buffer_size` is unspecified, "
+              r"default to \d+$",
+    _PREFIX + r"tf_record_dataset_op\.cc:\d+\] The default buffer size is \d+, which is "
+              r"overridden by the user specified `buffer_size` of -?\d+$",
     # JAX, when it starts its backend (Python logging: bare, in logging's default format,
     # or in absl's when TensorFlow or absl set it up).
     _JAX_PREFIX + r"Unable to initialize backend 'tpu': ",
@@ -457,6 +472,32 @@ def quieted(enabled: bool = True) -> Iterator[None]:
         logging.getLogger(_JAX_LOGGER).removeFilter(jax_filter)
         if finder is not None:
             _uninstall(finder)
+
+
+_spent_lock = threading.Lock()
+_spent: set[str] = set()
+
+
+def spend_tfrecord_reader_line() -> None:
+    """Has TensorFlow log its TFRecord reader's info line now, while fd 2 is held
+    (:func:`filtered_stderr` drops it), by reading an empty TFRecord file: it logs that line
+    the first time a process opens a TFRecord file, and never again. Call it, once
+    TensorFlow is imported, before building a pipeline that reads TFRecord files with
+    ``tf.data.TFRecordDataset``, which would otherwise log it in a ``tf.data`` thread while
+    the model trains (without a ``buffer_size``: memfit names none). Once a process; inside
+    ``quieted(False)`` (``--verbose``) the line is shown."""
+    with _spent_lock:
+        if "tfrecord" in _spent:
+            return
+        _spent.add("tfrecord")
+        import tensorflow as tf
+
+        with tempfile.TemporaryDirectory(prefix="memfit-") as d:
+            empty = os.path.join(d, "empty.tfrecords")
+            open(empty, "wb").close()
+            with filtered_stderr():
+                for _ in tf.data.TFRecordDataset(empty):
+                    pass
 
 
 _SHUFFLE_WARNING = ("`shuffle=True` was passed, but will be ignored since the data `x` was "

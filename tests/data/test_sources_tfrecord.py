@@ -238,3 +238,108 @@ def test_cli_pack_and_inspect_show_the_spec(tmp_path):
            "tensor → float32 (6, 5, 3)" in r.stdout
     # the GZIP files' decompressed copies (the pack's scratch) are gone
     assert sorted(os.listdir(tmp_path / "ds")) == ["manifest.json", "train-00000-of-00001.tfrecord"]
+
+
+# -- a TensorProto whose values are in its typed fields (float_val...), not tensor_content --
+
+# dtype → the TensorProto field tf.make_tensor_proto and TensorFlow's own writers use for it.
+TYPED_FIELDS = {"float32": "float_val", "float64": "double_val", "int32": "int_val",
+                "uint8": "int_val", "int16": "int_val", "int8": "int_val",
+                "uint16": "int_val", "complex64": "scomplex_val", "int64": "int64_val",
+                "bool": "bool_val", "complex128": "dcomplex_val", "float16": "half_val",
+                "uint32": "uint32_val", "uint64": "uint64_val"}
+
+
+def _typed_tensor(values: np.ndarray, shape: tuple[int, ...]) -> bytes:
+    """A serialised TensorProto of ``shape`` holding ``values`` in its typed field."""
+    import tensorflow as tf
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
+
+    dims = [tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in shape]
+    proto = tensor_pb2.TensorProto(dtype=tf.as_dtype(values.dtype).as_datatype_enum,
+                                   tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims))
+    field = TYPED_FIELDS[values.dtype.name]
+    if values.dtype == np.float16:
+        wire = values.view(np.uint16)                   # half_val holds the bits
+    elif values.dtype.kind == "c":
+        wire = values.view(values.real.dtype)           # real, imaginary, real...
+    else:
+        wire = values
+    getattr(proto, field).extend(wire.tolist())
+    return proto.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype", list(TYPED_FIELDS))
+def test_typed_field_tensors_decode_as_tensorflow_decodes_them(dtype):
+    import tensorflow as tf
+
+    from memfit.data.sources.example_proto import TensorHeader, parse_tensor_header
+
+    rng = np.random.default_rng(1)
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    for shape in [(2, 3), (), (0, 2)]:
+        size = int(np.prod(shape))
+        # no values at all in a non-empty shape: memfit does not take the bytes for a tensor
+        for count in sorted({1, max(size - 2, 1), size, size + 3} | ({0} if not size else set())):
+            if info is not None:
+                values = rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+            elif dtype == "bool":
+                values = rng.integers(0, 2, count).astype(bool)
+            else:
+                values = (rng.standard_normal(count) * 100).astype(dtype)
+                if np.dtype(dtype).kind == "c":
+                    values = values + 1j * rng.standard_normal(count).astype(dtype)
+            proto = b"--" + _typed_tensor(values, shape)
+            header = parse_tensor_header(proto, 2)
+            assert isinstance(header, TensorHeader) and header.content is None
+            got = header.array(proto)
+            want = tf.io.parse_tensor(proto[2:], getattr(tf, dtype)).numpy()
+            # too few values: the last repeated; too many: the first ones
+            assert (got.dtype, got.shape) == (want.dtype, want.shape), (shape, count)
+            assert got.tobytes() == want.tobytes(), (shape, count, got, want)
+
+
+def test_an_unpacked_float_val_and_an_int_val_that_wraps_decode_as_tensorflow_does():
+    import struct
+
+    import tensorflow as tf
+
+    from memfit.data.sources.example_proto import parse_tensor_header
+
+    shape3 = bytes([18, 4, 18, 2, 8, 3])                 # tensor_shape [3]
+    floats = (bytes([8, 1]) + shape3                     # DT_FLOAT, float_val unpacked
+              + b"".join(bytes([45]) + struct.pack("<f", v) for v in (1.5, -2.0))
+              + bytes([42, 4]) + struct.pack("<f", 7.0))  # ... then one packed piece
+    ints = bytes([8, 6]) + shape3 + bytes([56, 172, 2, 56]) + bytes([0xFF] * 9 + [1])
+    for proto, dtype in [(floats, tf.float32), (ints, tf.int8)]:   # int_val [300, -1]
+        got = parse_tensor_header(proto).array(proto)
+        assert got.tobytes() == tf.io.parse_tensor(proto, dtype).numpy().tobytes()
+    assert parse_tensor_header(floats).array(floats).tolist() == [1.5, -2.0, 7.0]
+    assert parse_tensor_header(ints).array(ints).tolist() == [44, -1, -1]
+
+
+def test_cli_pack_of_typed_field_tensors_prints_no_tensorflow_line(tmp_path):
+    # Records whose tensor keeps its values in float_val (as tf.make_tensor_proto may
+    # write them) were decoded by importing TensorFlow: its start-up lines reached the
+    # user of `memfit pack`, which promises to leave them out.
+    import tensorflow as tf
+
+    from .helpers import tensorflow_lines, user_env
+
+    x = np.arange(60, dtype=np.float32).reshape(20, 3) / 4
+    with tf.io.TFRecordWriter(str(tmp_path / "typed.tfrecords")) as w:
+        for i in range(20):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "data": tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[_typed_tensor(x[i], (3,))])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+            })).SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "memfit", "pack", "--tfrecord",
+                        "typed.tfrecords", "-o", "out/typed"], cwd=tmp_path, env=user_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "packed 20 samples" in r.stdout, r.stderr
+    assert tensorflow_lines(r.stderr) == [] and r.stderr == "", r.stderr
+    got = _read_all(tmp_path / "out" / "typed")
+    order = np.argsort(got["label"])                    # shuffled at pack time
+    assert got["label"][order].tolist() == list(range(20))
+    assert got["data"][order].tolist() == x.tolist()

@@ -407,3 +407,126 @@ def test_on_another_backend_a_batch_that_lost_every_record_is_replaced(
     assert np.array_equal(got[0], x[4:8]) and np.array_equal(got[1], x[4:8])
     assert np.array_equal(got[2], x[[8, 10, 11]])
     assert capsys.readouterr().err.count("memfit: WARNING: skipped record") == 5
+
+
+# -- what reaches the user's stderr: memfit's error, not TensorFlow's log lines --------------
+
+DAMAGED_CHILD = """\
+import sys
+
+import keras
+import tensorflow
+
+import memfit
+
+tensorflow.config.list_physical_devices()       # the script's start-up lines: before the mark
+from memfit.errors import CorruptShardError
+
+plain, compressed = sys.argv[1:]
+print("MARK", file=sys.stderr, flush=True)
+
+
+def run(what, call):
+    try:
+        call()
+    except CorruptShardError as e:
+        print(what, e, file=sys.stderr, flush=True)
+
+
+ds = memfit.dataset(plain + "/*.tfrecords", 8, features=("data", "label"))
+run("iterated:", lambda: list(ds))
+model = keras.Sequential([keras.Input((6, 5, 3)), keras.layers.Flatten(),
+                          keras.layers.Dense(2)])
+model.compile("sgd", "mse")
+run("fit:", lambda: model.fit(ds, epochs=1, verbose=0))
+mixed = memfit.dataset([compressed], 4, shuffle=False, features=("data", "label"))
+run("compressed:", lambda: list(mixed))
+"""
+
+
+def test_a_damaged_record_read_in_place_reaches_stderr_as_memfits_error_alone(tmp_path):
+    # A CorruptShardError raised inside the reader's numpy_function made TensorFlow log
+    # it with its Python traceback, twice (op_kernel.cc, then local_rendezvous.cc), before
+    # the user saw memfit's error: 59 lines under model.fit.
+    import tensorflow as tf
+
+    from .helpers import tensorflow_lines, user_env
+
+    x, y = _recipe_data(80)
+    (tmp_path / "plain").mkdir()
+    paths = write_recipe(tmp_path / "plain", x, y)
+    _flip(paths[1], 5)
+    mixed = tmp_path / "mixed.tfrecords"        # GZIP: read in sequence, decoded in Python
+    with tf.io.TFRecordWriter(str(mixed), options="GZIP") as w:
+        for i in range(12):
+            w.write(_example(x[i] if i != 7 else np.zeros((6, 5, 4), np.float32), y[i]))
+    script = tmp_path / "child.py"
+    script.write_text(DAMAGED_CHILD)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "plain"), str(mixed)],
+                       env=user_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = r.stderr.split("MARK\n", 1)[1]
+    assert "Traceback" not in after and "op_kernel.cc" not in after, after
+    # What remains of TensorFlow's: one line (and its "[[node ...]]" lines) that its
+    # runtime logs at warning level for any error that ends a tf.data iteration, memfit's
+    # or not; only TF_CPP_MIN_LOG_LEVEL=2, set before TensorFlow is imported, hides it,
+    # and with it every other warning and error TensorFlow logs.
+    logged = tensorflow_lines(after)
+    assert all("local_rendezvous.cc" in line for line in logged) and len(logged) <= 3, after
+    ours = [line for line in after.splitlines()
+            if line not in logged and not line.startswith("\t [[")]
+    damaged = (f"memfit: TFRecord file {paths[1]} is corrupt or truncated: record 5 of 20 "
+               f"cannot be read (bad CRC32C of its data).")
+    assert len(ours) == 3, after
+    assert ours[0].startswith(f"iterated: {damaged}") and ours[1].startswith(f"fit: {damaged}")
+    assert ours[2].startswith(f"compressed: memfit: TFRecord file {mixed} is not like its "
+                              f"first record: record 7 of 12 disagrees.")
+
+
+READERS_CHILD = """\
+import sys
+
+import tensorflow as tf
+
+import memfit
+from memfit.data.read.files.files_plan import READ_BUFFER
+
+tf.config.list_physical_devices()               # the script's start-up lines: before the mark
+
+files, packed = sys.argv[1:]
+print("MARK", file=sys.stderr, flush=True)
+for path in (files, packed):
+    print(sum(len(y) for _, y in memfit.dataset(path, 8, features=("data", "label"))))
+print("MARK", file=sys.stderr, flush=True)
+list(tf.data.TFRecordDataset(tf.io.matching_files(files), compression_type="GZIP",
+                             buffer_size=1))
+print(READ_BUFFER)
+"""
+
+
+def test_tensorflows_tfrecord_reader_logs_nothing(tmp_path):
+    # TensorFlow logs an info line the first time a process opens a TFRecord file ("The
+    # default buffer size is 262144, which is overridden by the user specified
+    # buffer_size of 262144" as memfit named it; "... is unspecified, default to 262144"
+    # if not), in a tf.data thread: for GZIP files read in place, and packs read by the
+    # TF reader (compressed, variable-shape, --keep-encoded).
+    from .helpers import tensorflow_lines, user_env
+
+    x, y = _recipe_data(40)
+    (tmp_path / "gz").mkdir()
+    write_recipe(tmp_path / "gz", x, y, files=2, compression="GZIP")
+    memfit.pack({"data": x, "label": y}, tmp_path / "packed", compression="GZIP",
+                progress=False)
+    script = tmp_path / "child.py"
+    script.write_text(READERS_CHILD)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "gz" / "*.tfrecords"),
+                        str(tmp_path / "packed")], env=user_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts, read_buffer = r.stdout.split()[:2], int(r.stdout.split()[2])
+    assert counts == ["40", "40"]
+    _, reading, probe = r.stderr.split("MARK\n")
+    assert tensorflow_lines(reading) == [], reading
+    # The bytes read are the same: the buffer memfit named is the one TensorFlow reads
+    # with when none is named (what it says when one is).
+    assert f"The default buffer size is {read_buffer}, which is overridden" in probe, probe

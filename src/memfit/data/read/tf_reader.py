@@ -46,6 +46,7 @@ from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, DatasetPlan, steps_per_epoch
 from memfit.data.read.translate_errors import assert_clean, what_to_do
 from memfit.errors import DatasetError
+from memfit.quiet import spend_tfrecord_reader_line
 from memfit.sizes import format_size
 
 __all__ = ["plan_tf", "build", "stateless_seed"]
@@ -53,6 +54,8 @@ __all__ = ["plan_tf", "build", "stateless_seed"]
 # Bytes of a window alive at once while it is parsed and permuted: the record strings,
 # the parsed strings, the joined/decoded values and the permuted copy.
 _WINDOW_COPIES = 4
+# The read buffer of each TFRecordDataset: TensorFlow's default, which it uses when no
+# buffer_size is given (passing one, even this value, logs an info line on every file).
 _READ_BUFFER = 256 * 1024
 _WINDOW_CAP = 8 * 2**20         # bytes of decoded samples in one shuffle window
 # decode_raw has no unsigned 32/64-bit output: decode the signed type and reinterpret.
@@ -218,8 +221,8 @@ class _Steps:
         when the interpreter exits can hang the exit.)"""
         exists = tf.size(tf.io.matching_files(pattern)) > 0
         names = tf.data.Dataset.from_tensors(file).filter(lambda _: exists)
-        raw = tf.data.TFRecordDataset(names, compression_type=self.compression,
-                                      buffer_size=_READ_BUFFER).ignore_errors()
+        raw = tf.data.TFRecordDataset(names, compression_type=self.compression
+                                      ).ignore_errors()       # _READ_BUFFER: the default
         end = tf.data.Dataset.from_tensors((tf.constant(b""), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
 
@@ -336,6 +339,7 @@ def build(manifest: Manifest, shards: Sequence[Shard], plan: DatasetPlan,
         drop_remainder: drop the last, smaller batch of each epoch.
         sharded: sharded by hand (tf.distribute must not shard again).
     """
+    spend_tfrecord_reader_line()        # TFRecordDataset's info line, where it is dropped
     steps = _Steps(manifest, shards, plan, features, on_corrupt=on_corrupt,
                    drop_remainder=drop_remainder)
     epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)

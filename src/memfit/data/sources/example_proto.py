@@ -4,9 +4,11 @@ TFRecord file written by someone else holds, read in place.
 memfit writes its own records by hand (:mod:`memfit.data.format.records`); this is the
 other direction, for the records of other programs. It decodes only the wire format of
 the few messages involved (``Example`` → ``Features`` → ``map<string, Feature>`` →
-``BytesList``/``FloatList``/``Int64List``, and a ``TensorProto`` as
-``tf.io.serialize_tensor`` writes it), packed and unpacked repeated fields alike. A
-tensor's values are viewed where they lie in the record, not copied.
+``BytesList``/``FloatList``/``Int64List``, and a ``TensorProto``: its ``tensor_content``,
+as ``tf.io.serialize_tensor`` writes it, or its typed fields, ``float_val``…, as
+``tf.make_tensor_proto`` may), packed and unpacked repeated fields alike. A tensor's
+``tensor_content`` is viewed where it lies in the record, not copied. Nothing here imports
+TensorFlow: ``memfit pack`` does not start it (nor print its start-up lines).
 
 Example:
     >>> from memfit.data.format.records import encode_example
@@ -35,6 +37,14 @@ TENSOR_DTYPES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16",
                  19: "float16", 22: "uint32", 23: "uint64"}
 _UNSUPPORTED = {7: "string", 14: "bfloat16", 20: "resource", 21: "variant"}
 _KINDS = {1: "bytes_list", 2: "float_list", 3: "int64_list"}
+# The TensorProto field holding a dtype's values when they are not in tensor_content
+# (tensorflow/core/framework/tensor.proto), and the width of one value on the wire: "<f4" or
+# "<f8" (fixed32/fixed64; two a complex value) or None (a varint).
+_TYPED_FIELDS = {"float32": (5, "<f4"), "float64": (6, "<f8"), "int32": (7, None),
+                 "uint8": (7, None), "int16": (7, None), "int8": (7, None),
+                 "uint16": (7, None), "complex64": (9, "<f4"), "int64": (10, None),
+                 "bool": (11, None), "complex128": (12, "<f8"), "float16": (13, None),
+                 "uint32": (16, None), "uint64": (17, None)}
 _IMAGE_MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"),
                 (b"GIF89a", "gif"), (b"BM", "bmp"))
 
@@ -167,6 +177,15 @@ def _feature(payload: bytes, span: tuple[int, int] | None) -> Value:
     return Value(kind, tuple(spans), tuple(packed))
 
 
+def _varints(buf: bytes, pos: int, end: int) -> list[int]:
+    """The varints packed in ``buf[pos:end]``, as unsigned 64-bit integers."""
+    out = []
+    while pos < end:
+        v, pos = _varint(buf, pos, end)
+        out.append(v & 0xFFFF_FFFF_FFFF_FFFF)
+    return out
+
+
 def decode_list(payload: bytes, value: Value) -> np.ndarray:
     """The values of a ``float_list`` (float32) or ``int64_list`` (int64)."""
     if value.kind == "float_list":
@@ -177,12 +196,9 @@ def decode_list(payload: bytes, value: Value) -> np.ndarray:
     ints: list[int] = []
     for (a, b), p in zip(value.spans, value.packed, strict=True):
         if not p:
-            ints.append(a)                            # an unpacked varint, decoded already
+            ints.append(a & 0xFFFF_FFFF_FFFF_FFFF)    # an unpacked varint, decoded already
             continue
-        pos = a
-        while pos < b:
-            v, pos = _varint(payload, pos, b)
-            ints.append(v)
+        ints.extend(_varints(payload, a, b))
     arr = np.array(ints, dtype=np.uint64)
     return arr.view(np.int64)                         # two's complement
 
@@ -192,7 +208,8 @@ class TensorHeader:
     """A serialised ``TensorProto``: its dtype and shape, and where its values lie.
 
     ``content`` is ``None`` for a tensor whose values are in the typed fields
-    (``float_val``…) rather than ``tensor_content``: ``tf.io.parse_tensor`` decodes it.
+    (``float_val``…) rather than ``tensor_content``: :meth:`array` decodes them as
+    ``tf.io.parse_tensor`` does.
     """
 
     dtype: str
@@ -203,14 +220,61 @@ class TensorHeader:
     def array(self, buf: bytes) -> np.ndarray:
         """The tensor's values, viewed in ``buf`` (what the header was parsed from)."""
         if self.content is None:
-            # Values in the typed fields (float_val...): TensorFlow's own decoder.
-            import tensorflow as tf
-
-            proto = bytes(buf[self.span[0]:self.span[1]])
-            return tf.io.parse_tensor(proto, getattr(tf, self.dtype)).numpy()
+            return _typed_values(buf, self.span, self.dtype, self.shape)
         dt = np.dtype(self.dtype).newbyteorder("<")
         return np.frombuffer(buf, dt, math.prod(self.shape), self.content[0]
                              ).reshape(self.shape)
+
+
+def _typed_values(buf: bytes, span: tuple[int, int], dtype: str,
+                  shape: tuple[int, ...]) -> np.ndarray:
+    """The values of a ``TensorProto`` kept in its typed field (``float_val``…), as
+    TensorFlow reads them (``Tensor::FromProto``): the field of the tensor's dtype only;
+    values past the shape's size ignored; too few filled out with the last one, none with
+    zeros; an ``int_val`` cast to an 8- or 16-bit dtype wraps, a ``half_val`` holds
+    float16 bits.
+
+    Example:
+        >>> proto = bytes([8, 1, 18, 4, 18, 2, 8, 3, 42, 8]) + np.float32([1.5, 2]).tobytes()
+        >>> parse_tensor_header(proto).array(proto).tolist()         # float_val [1.5, 2]
+        [1.5, 2.0, 2.0]
+    """
+    number, width = _TYPED_FIELDS[dtype]
+    pieces: list[np.ndarray] = []
+    for n, wire, value in _fields(buf, *span):
+        if n != number:
+            continue
+        if width is not None and wire in (2, 5 if width == "<f4" else 1):
+            a, b = value                             # packed, or one fixed-width value
+            pieces.append(np.frombuffer(buf, width, (b - a) // int(width[2]), a))
+        elif width is None and wire == 2:
+            pieces.append(np.array(_varints(buf, *value), np.uint64))
+        elif width is None and wire == 0:
+            pieces.append(np.array([value & 0xFFFF_FFFF_FFFF_FFFF], np.uint64))
+        # another wire type: an unknown field to protobuf, which TensorFlow does not read
+    raw = np.concatenate(pieces) if pieces else np.zeros(0, width or np.uint64)
+    if width is not None:
+        if dtype.startswith("complex"):
+            raw = raw[:len(raw) // 2 * 2].view(f"<c{2 * int(width[2])}")
+        values = raw.astype(dtype)
+    elif dtype == "bool":
+        values = raw != 0
+    elif dtype == "float16":
+        values = raw.astype(np.uint16).view(np.float16)
+    elif number == 7:                                 # int_val: an int32, then cast
+        values = raw.astype(np.uint32).view(np.int32).astype(dtype)
+    elif dtype == "int64":
+        values = raw.view(np.int64)                   # two's complement
+    else:
+        values = raw.astype(dtype)                    # uint32_val truncates, as protobuf
+    size = math.prod(shape)
+    if len(values) >= size:
+        values = values[:size]
+    elif len(values):
+        values = np.concatenate([values, np.full(size - len(values), values[-1])])
+    else:
+        values = np.zeros(size, dtype)
+    return np.ascontiguousarray(values, dtype).reshape(shape)
 
 
 def parse_tensor_header(buf: bytes, start: int = 0,

@@ -32,6 +32,8 @@ from memfit.sizes import format_size
 
 __all__ = ["FilesPlan", "plan_files", "READ_BUFFER", "CHUNK_RECORDS"]
 
+#: The read buffer of each ``TFRecordDataset``: TensorFlow's default, which it uses when no
+#: ``buffer_size`` is given (passing one, even this value, logs an info line each file).
 READ_BUFFER = 256 * 1024
 CHUNK_RECORDS = 64          # records read, counted and decoded at a time
 _DECODE_COPIES = 3          # a chunk's records as rows of bytes, the values cut, the result

@@ -67,14 +67,17 @@ import tensorflow as tf
 
 from memfit.data.read.feeder import epochs_dataset
 from memfit.data.read.files.files_open import InPlace, open_in_place
-from memfit.data.read.files.files_plan import CHUNK_RECORDS, READ_BUFFER
+from memfit.data.read.files.files_plan import CHUNK_RECORDS
 from memfit.data.read.files.record_gather import decode_into
 from memfit.data.read.pipeline_tail import finish, warn_skipped
 from memfit.data.read.translate_errors import assert_clean
 from memfit.data.sources.tfrecord_source import RecordFeature
+from memfit.errors import CorruptShardError
+from memfit.quiet import spend_tfrecord_reader_line
 
 __all__ = ["stream_files"]
 
+_NO_ERROR = np.array(b"")
 
 
 class _Steps:
@@ -108,8 +111,9 @@ class _Steps:
         when it was opened (``TFRecordDataset`` stops quietly at a damaged record under
         ``ignore_errors``)."""
         file, records = self.paths[i], self.expected[i]
-        raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i],
-                                      buffer_size=READ_BUFFER).ignore_errors().batch(CHUNK_RECORDS)
+        # Read with TensorFlow's default buffer (READ_BUFFER), not named: naming it logs.
+        raw = tf.data.TFRecordDataset(file, compression_type=self.compression[i]
+                                      ).ignore_errors().batch(CHUNK_RECORDS)
         end = tf.data.Dataset.from_tensors((tf.constant([], tf.string), True))
         marked = raw.map(lambda r: (r, False)).concatenate(end)
 
@@ -199,13 +203,31 @@ class _Steps:
         return out
 
     def _slow(self, fi: tf.Tensor, ri: tf.Tensor, r: tf.Tensor) -> dict[str, tf.Tensor]:
-        names = list(self.feats)
-        values = tf.numpy_function(self._py_decode, [fi, ri, r],
-                                   [tf.as_dtype(self.feats[n].dtype) for n in names],
-                                   stateful=False)
+        return self._in_python(self._py_decode, [fi, ri, r])
+
+    def _in_python(self, func: Any, args: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The features, as ``func(*args)`` returns them (one array each, in order), from a
+        ``numpy_function``. A ``CorruptShardError`` it raises fails the step with an
+        assertion whose text is memfit's message (:func:`assert_clean`), as the packed
+        readers do: an exception raised in a ``numpy_function`` has TensorFlow log it
+        with its Python traceback, twice, before the user sees memfit's error."""
+        feats = list(self.feats.values())
+
+        def checked(*arrays: np.ndarray) -> list[np.ndarray]:
+            try:
+                return [*func(*arrays), _NO_ERROR]
+            except CorruptShardError as e:      # arrays of the declared types, never used
+                return [*(np.zeros((0, *f.shape), f.dtype) for f in feats),
+                        np.array(str(e).encode("utf-8"))]
+
+        *values, error = tf.numpy_function(
+            checked, args, [*(tf.as_dtype(f.dtype) for f in feats), tf.string],
+            stateful=False)
+        with tf.control_dependencies([assert_clean(error)]):
+            values = [tf.identity(v) for v in values]
         out = {}
-        for name, v in zip(names, values, strict=True):
-            v.set_shape([None, *self.feats[name].shape])
+        for (name, f), v in zip(self.feats.items(), values, strict=True):
+            v.set_shape([None, *f.shape])
             out[name] = v
         return out
 
@@ -241,18 +263,11 @@ class _Steps:
         """The epoch's batches read record by record (plain files,
         :class:`~memfit.data.read.files.record_gather.InPlaceBatches`): the same records in
         the same order as the files read in sequence."""
-        names = list(self.feats)
-        dtypes = [tf.as_dtype(self.feats[n].dtype) for n in names]
         batches = self.batches
         assert batches is not None
 
         def read(s: tf.Tensor) -> dict[str, tf.Tensor]:
-            values = tf.numpy_function(batches, [e, s], dtypes, stateful=False)
-            out = {}
-            for name, v in zip(names, values, strict=True):
-                v.set_shape([None, *self.feats[name].shape])
-                out[name] = v
-            return out
+            return self._in_python(batches, [e, s])
 
         ds = tf.data.Dataset.range(self.plan.steps_per_epoch).map(
             read, num_parallel_calls=self.plan.parallel_batches, deterministic=True)
@@ -291,6 +306,8 @@ def stream_files(path: Any, batch_size: int, **arguments: Any) -> tf.data.Datase
     """
     opened = open_in_place(path, batch_size, **arguments)
     plan, names = opened.plan, opened.names
+    if opened.batches is None:             # compressed: read by TFRecordDataset
+        spend_tfrecord_reader_line()        # its info line, where it is dropped
     steps = _Steps(opened, on_corrupt=arguments.get("on_corrupt", "raise"),
                    drop_remainder=arguments.get("drop_remainder", False))
     epoch_ds, counter = epochs_dataset(plan.epoch, plan.epochs)
