@@ -282,8 +282,14 @@ def test_plan_shrinks_the_window_before_refusing(packed):
     big = memfit.dataset(packed, 32, split="train", memory_budget="64MiB").memfit_plan
     assert small.window_samples < big.window_samples
     assert small.estimated_bytes <= 64 * 1024
-    with pytest.raises(memfit.errors.DatasetError, match="it needs at least"):
+    with pytest.raises(memfit.errors.DatasetError, match="it needs at least") as e:
         memfit.dataset(packed, 32, split="train", memory_budget="1KiB")
+    # exact bytes beside the rounded size: a stranger's 1.5 MiB was told it needed 1.5 MiB
+    need = int(str(e.value).split("it needs at least ")[1].split(" (")[1].split(" bytes")[0]
+               .replace(",", ""))
+    memfit.dataset(packed, 32, split="train", memory_budget=need)       # enough, exactly
+    with pytest.raises(memfit.errors.DatasetError, match="it needs at least"):
+        memfit.dataset(packed, 32, split="train", memory_budget=need - 1)
 
 
 def test_sharded_workers_split_the_samples(packed):

@@ -377,3 +377,28 @@ def test_an_image_size_that_is_not_two_whole_numbers_is_refused(size):
     with pytest.raises(DatasetError, match="image_size must be two positive integers"):
         parse_image_size(size)
     assert parse_image_size((16.0, 24)) == (16, 24) and parse_image_size("16x24") == (16, 24)
+
+
+def test_an_image_memfit_may_not_read_is_not_called_damaged(tmp_path, monkeypatch):
+    """A stranger's image of mode 000 was said to 'not decode ... Delete or replace it'.
+    (Tests run as root, whom chmod does not stop: the refusal is played.)"""
+    from PIL import Image
+
+    from memfit.data.sources import image_source
+
+    for c in ("a", "b"):
+        (tmp_path / "p" / c).mkdir(parents=True)
+        Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / "p" / c / "x.png")
+    load = image_source.load_image
+
+    def refuse(path, *args, **kwargs):
+        if path.endswith(f"b{os.sep}x.png"):
+            raise PermissionError(13, "Permission denied", path)
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(image_source, "load_image", refuse)
+    with pytest.raises(DatasetError, match=r"x.png' cannot be read \(Permission denied\): "
+                                           r"give memfit read access") as e:
+        memfit.pack(images=tmp_path / "p", image_size=(8, 8), output=tmp_path / "out",
+                    progress=False)
+    assert "does not decode" not in str(e.value) and not (tmp_path / "out").exists()

@@ -161,9 +161,10 @@ def _plan(*, source: str, split: str | None, features: tuple[str, ...], batch_si
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to gather batches of "
             f"{batch_size} samples of {format_size(sample_bytes)}: it needs at least "
-            f"{format_size(need_min)} ({format_size(index_bytes)} of indices for {total:,} "
-            f"samples, {_GATHER_COPIES + 3} batches of {format_size(batch_bytes)}). Raise "
-            f"memory_budget or lower batch_size. Received: memory_budget={budget}")
+            f"{format_size(need_min)} ({need_min:,} bytes: {format_size(index_bytes)} of "
+            f"indices for {total:,} samples, {_GATHER_COPIES + 3} batches of "
+            f"{format_size(batch_bytes)}). Raise memory_budget or lower batch_size. "
+            f"Received: memory_budget={budget}")
     spare = budget - fixed - 2 * batch_bytes          # one handed over, one being consumed
     parallel = int(max(1, min(_MAX_PARALLEL, max(2, cores),
                               (spare - batch_bytes) // (_GATHER_COPIES * batch_bytes))))

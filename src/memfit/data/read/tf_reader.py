@@ -95,8 +95,8 @@ def plan_tf(manifest: Manifest, split: str, batch_size: int, budget: int, *,
         raise DatasetError(
             f"memory_budget={format_size(budget)} is too small to stream batches of "
             f"{batch_size} samples of {format_size(sample_bytes)}{decoded} (records of {k} "
-            f"samples): it needs at least {format_size(need_min)}. Raise memory_budget or "
-            f"lower batch_size. Received: memory_budget={budget}")
+            f"samples): it needs at least {format_size(need_min)} ({need_min:,} bytes). Raise "
+            f"memory_budget or lower batch_size. Received: memory_budget={budget}")
     spare = budget - readers - 2 * batch_bytes
     calls = 0
     if images:              # up to a core each, from at most a quarter of what is left

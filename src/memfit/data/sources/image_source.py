@@ -443,6 +443,10 @@ class ImageFolderSource(ArraySource):
 
     @staticmethod
     def _undecodable(path: str, why: str) -> DatasetError:
+        if "Permission denied" in why:          # not damage: say what to do about it
+            return DatasetError(f"Image {path!r} cannot be read (Permission denied): give "
+                                f"memfit read access to it (chmod), or move it out of the "
+                                f"folder. Received: images folder holding {path!r}")
         return DatasetError(f"Image {path!r} does not decode ({why}). Delete or replace it, "
                             f"or pack with on_corrupt='skip' (--on-corrupt skip) to leave it "
                             f"out.")

@@ -187,7 +187,8 @@ def _fit(memory: BlockMemory, budget: int, cycle: int) -> tuple[int, int, int]:
             raise DatasetError(
                 f"memory_budget={format_size(budget)} is too small to stream batches of "
                 f"{batch_size} samples of {format_size(memory.read_bytes)} (records of {k} "
-                f"samples): it needs at least {format_size(memory.need(1, 1, 1))}. Raise "
+                f"samples): it needs at least {format_size(memory.need(1, 1, 1))} "
+                f"({memory.need(1, 1, 1):,} bytes). Raise "
                 f"memory_budget or lower batch_size. Received: memory_budget={budget}")
     return m, parallel, prefetch
 
