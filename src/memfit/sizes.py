@@ -23,7 +23,7 @@ _SI = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
 
 
-def parse_size(value: str | int | float, *, name: str = "size") -> int:
+def parse_size(value: str | int | float, *, name: str = "size", positive: bool = False) -> int:
     """Parses a byte size into an integer number of bytes.
 
     ``KiB/MiB/GiB`` and the short forms ``K/M/G`` are powers of 1024; ``KB/MB/GB`` are
@@ -37,6 +37,7 @@ def parse_size(value: str | int | float, *, name: str = "size") -> int:
         value: a string such as ``"512MiB"``, ``"2GB"``, ``"1.5G"``, ``"300"``, or a
             non-negative number of bytes.
         name: what the size is for, used in the error message (e.g. ``"memory_budget"``).
+        positive: refuse 0 bytes too (a budget: nothing fits in none).
 
     Returns:
         The size in bytes (rounded down to a whole byte).
@@ -47,6 +48,14 @@ def parse_size(value: str | int | float, *, name: str = "size") -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a size such as '512MiB', '2GB' or a number of bytes. "
                          f"Received: {name}={value!r}")
+    size = _parse(value, name)
+    if positive and size <= 0:
+        raise ValueError(f"{name} must be more than 0 bytes, such as '2GiB'. "
+                         f"Received: {name}={value!r}")
+    return size
+
+
+def _parse(value: str | int | float, name: str) -> int:
     if isinstance(value, int | float):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a non-negative number of bytes. "

@@ -284,12 +284,12 @@ class Estimator:
         """The largest batch size whose high end (:meth:`high`) fits ``budget`` (0 when
         not even 1 does). The high end never falls as the batch grows, so every smaller
         batch fits too and the next one does not."""
-        return largest_batch(self.high, parse_size(budget, name="budget"))
+        return largest_batch(self.high, parse_size(budget, name="budget", positive=True))
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
         check_batch_size(batch_size)
-        budget_bytes = None if budget is None else parse_size(budget, name="budget")
+        budget_bytes = None if budget is None else parse_size(budget, name="budget", positive=True)
         p = self._parts(batch_size)
         m = self.setup.model
         trainable = param_count(m.trainable_weights)
@@ -394,7 +394,7 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
     """
     check_batch_size(batch_size)
     if budget is not None:              # bad input refused before the model is built
-        parse_size(budget, name="budget")
+        parse_size(budget, name="budget", positive=True)
     est = estimator_for(model, optimizer=optimizer, dtype_policy=dtype_policy,
                         input_shape=input_shape, dataset_budget=dataset_budget, device=device,
                         allocator=allocator, onednn=onednn)

@@ -202,7 +202,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
             bad arguments, each quoting the value.
     """
     backend = require_for_training("memfit find-batch-size")
-    budget_bytes = parse_size(budget, name="budget")
+    budget_bytes = parse_size(budget, name="budget", positive=True)
     check_policy(dtype_policy)
     if optimizer is not None:
         optimizer = check_optimizer(optimizer)

@@ -331,12 +331,12 @@ class XlaEstimator:
         """The largest batch size whose high end fits ``budget`` (0: not even 1 does), by
         doubling and bisection (:func:`~memfit.estimate.band.largest_batch`): one compile
         of the step per batch size tried, about twice log2 of the answer."""
-        return largest_batch(self.high, parse_size(budget, name="budget"))
+        return largest_batch(self.high, parse_size(budget, name="budget", positive=True))
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
         check_batch_size(batch_size)
-        budget_bytes = None if budget is None else parse_size(budget, name="budget")
+        budget_bytes = None if budget is None else parse_size(budget, name="budget", positive=True)
         s = self.step(batch_size)
         m = self.setup.model
         input_batch = self.per_sample_input * batch_size
