@@ -142,10 +142,10 @@ class RunResult:
             # a stranger's --restart-every 1 on a plain script: 40 epochs in one process,
             # and "finished after 0 epochs"
             lines.append("  Note: the command wrote no checkpoint (it does not train inside "
-                         "memfit.session()), so memfit run cannot restart it where it was: "
-                         "--restart-every does nothing to it, a restart starts it over, and "
-                         "its epochs are not counted. docs/supervise.md shows the two lines "
-                         "to add.")
+                         "memfit.session()), so memfit run cannot restart it where it was "
+                         "(--restart-every does nothing to it; after --max-rss or a crash it "
+                         "starts over) and does not count its epochs. docs/supervise.md "
+                         "shows the two lines to add.")
         lines.append(f"  {'#':>2}  {'pid':>7}  {'exit':>4}  {'from':>9}  {'to':>9}  "
                      f"{'peak anon':>10}  {'lived':>7}  ended by      (from/to: epochs+steps "
                      f"done)")
