@@ -105,6 +105,15 @@ def test_leak_is_projected_over_the_planned_steps_and_names_causes():
     assert "'step' was traced 40 times" in f.measured
 
 
+def test_a_leak_on_jax_is_not_told_to_fix_a_tf_function():
+    on_tf = memory_growth(facts(verdict=verdict("leak", 80 * MiB)))
+    assert any("@tf.function" in line for line in on_tf.fix)
+    jax_fit = {**QUIET["fit"], "backend": "jax"}
+    on_jax = memory_growth(facts(verdict=verdict("leak", 80 * MiB), fit=jax_fit))
+    assert not any("tf.function" in line for line in on_jax.fix), on_jax.fix
+    assert any("clear_session" in line for line in on_jax.fix)
+
+
 def test_without_probe_the_outside_verdict_is_used_and_a_short_probe_gives_none():
     outside = Facts(command=("python", "t.py"), probe=None, peak_anon=GiB,
                     watch_verdict={"verdict": "leak", "growth": 500 * MiB, "slope": 50 * MiB,

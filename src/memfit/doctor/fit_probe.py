@@ -178,6 +178,12 @@ def _first_array(value: Any) -> Any:
     return None
 
 
+def _keras_backend() -> str | None:
+    """The backend Keras runs on in this process (``None``: Keras not imported)."""
+    backend = getattr(getattr(sys.modules.get("keras"), "backend", None), "backend", None)
+    return backend() if callable(backend) else None
+
+
 def _describe_fit(arguments: dict) -> dict:
     """What this ``fit`` call trains on: arrays, pipeline, batch size, steps."""
     x = arguments.get("x")
@@ -186,7 +192,7 @@ def _describe_fit(arguments: dict) -> dict:
                            "steps_per_epoch": arguments.get("steps_per_epoch"),
                            "epochs": arguments.get("epochs", 1),
                            "initial_epoch": arguments.get("initial_epoch", 0),
-                           "input_shape": None}
+                           "input_shape": None, "backend": _keras_backend()}
     first = _first_array(x)
     if first is not None:
         out["batch_size"] = arguments.get("batch_size") or DEFAULT_BATCH
@@ -505,9 +511,7 @@ def _model_and_device(st: _State) -> dict[str, Any]:
     out: dict[str, Any] = {"gpu": gpu, "model_file": None, "estimate": None}
     # The estimator traces TensorFlow graphs: on another Keras backend (JAX) it would
     # import TensorFlow into the training it measures, and not describe its memory.
-    keras = sys.modules.get("keras")
-    backend = getattr(getattr(keras, "backend", None), "backend", None)
-    if keras is not None and callable(backend) and backend() == "tensorflow":
+    if _keras_backend() == "tensorflow":
         e = out["estimate"] = _estimate(st, "gpu:0" if gpu else "cpu")
         if (e and "error" not in e and e["batch_memory"] >= SAVE_MODEL_ACTIVATIONS
                 and st.results_dir is not None):

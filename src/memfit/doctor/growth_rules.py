@@ -188,8 +188,9 @@ def _growth_advice(f: Facts, kind: str, hints: list[str]) -> tuple[str, str, tup
                 "rebuilt every epoch, a list that keeps batches or predictions.",
                 (*hints,
                  "keras.backend.clear_session()     # between models built in a loop",
-                 "@tf.function(reduce_retracing=True), and tensors instead of Python numbers "
-                 "as arguments",
+                 *(("@tf.function(reduce_retracing=True), and tensors instead of Python "
+                    "numbers as arguments",) if f.fit.get("backend") in (None, "tensorflow")
+                   else ()),                    # not on JAX, where a stranger was told it
                  f"memfit run --max-rss {max_rss} -- {f.cmd}   # meanwhile: restart from the "
                  f"last checkpoint before memory runs out (the script uses memfit.session(), "
                  f"docs/supervise.md)",
