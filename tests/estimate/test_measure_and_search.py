@@ -92,7 +92,13 @@ def test_find_batch_size_with_a_tight_budget(tmp_path, monkeypatch):
     r = find_batch_size(f"{MODELS}:wide", budget, optimizer="sgd", steps=1,
                         precision=0.3, max_trials=3)
     assert r.batch_size > 8 and r.peak is not None and r.peak <= budget, str(r)
-    assert r.estimated > 0
+    # The estimate's range holds the answer: its safe end is not above what fits, its
+    # optimistic end not below. Whether the safe end says 0 or a few dozen is within a MiB
+    # here, not a property: wide's high end at batch size 1 is about 157 MiB of the 158
+    # this budget leaves over the baseline (issue 27's wide MLP), and CI's machine gave 0
+    # (905 fitted) where this one gives 37 (1238 fitted).
+    assert r.estimated <= r.batch_size <= (r.estimated_low or 0), str(r)
+    assert (r.estimated_point or 0) > 8, str(r)
     fitting = [t for t in r.trials if t.fits]
     failing = [t for t in r.trials if not t.fits]
     assert max(t.batch_size for t in fitting) == r.batch_size
