@@ -34,6 +34,10 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(root / "y.npy", np.zeros((7,), np.int64))
     np.save(root / "y10.npy", np.zeros((10,), np.int64))
     (root / "afile").write_text("not a directory")
+    (root / "garbage.npy").write_bytes(b"not an array at all")
+    (root / "npys").mkdir()
+    np.save(root / "npys" / "x.npy", np.zeros((10, 3), np.float32))
+    (root / "npys" / "y.npy").write_bytes(b"\x93NUMPY garbage after the magic")
     (root / "photos").mkdir()
     (root / "photos" / "a.txt").write_text("a folder, not an array")
     np.savez(root / "all.npz", x=np.zeros((10, 2)), y=np.arange(10))
@@ -85,6 +89,8 @@ CASES = [
     # inspect / verify
     (["inspect", "nowhere"], 2, "nowhere"),
     (["inspect", "m-list"], 2, "manifest.json"),
+    (["inspect", "garbage.npy"], 2, "'garbage.npy' is not a readable .npy file"),
+    (["inspect", "npys"], 2, "'npys/y.npy' is not a readable .npy file"),
     (["verify", "m-number"], 2, "manifest.json"),
     (["verify", "m-broken"], 2, "manifest.json"),
     # run / watch

@@ -109,16 +109,14 @@ def _inspect_arrays(path: str | os.PathLike) -> str:
 
 def _inspect_npy(path: str | os.PathLike) -> str:
     files = _plain_npy(path)
-    lines = [f".npy arrays {path} (no manifest: a plain directory, read memory-mapped)",
+    plain = "file" if Path(path).suffix == ".npy" else "directory"
+    lines = [f".npy arrays {path} (no manifest: a plain {plain}, read memory-mapped)",
              "  features:"]
     width = max([len(n) for n in files] + [1])
     for name, f in files.items():
-        try:
-            a = open_npy(name, f)
-            lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} samples of "
-                         f"{_shape(a.shape[1:]):<16} {format_size(f.stat().st_size):>11}")
-        except ValueError as e:
-            lines.append(f"    {name:<{width}}  unreadable: {e}")
+        a = open_npy(name, f)       # an unreadable file is the error (exit 2), not a row
+        lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} samples of "
+                     f"{_shape(a.shape[1:]):<16} {format_size(f.stat().st_size):>11}")
     return "\n".join(lines)
 
 
@@ -126,7 +124,11 @@ def inspect(path: str | os.PathLike) -> str:
     """A readable description of a dataset: schema, splits, counts and sizes.
 
     Args:
-        path: the dataset directory (or its ``manifest.json``).
+        path: the dataset directory (or its ``manifest.json``), a directory of ``.npy``
+            files or one ``.npy`` file.
+
+    Raises:
+        DatasetError: naming the file, when a manifest or an ``.npy`` file cannot be read.
     """
     kind = _kind(path)
     if kind == "arrays":

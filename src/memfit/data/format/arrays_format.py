@@ -184,8 +184,13 @@ def _read_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
         return np.lib.format.read_array_header_1_0(f)
     if version == (2, 0):
         return np.lib.format.read_array_header_2_0(f)
-    # Version 3.0 (utf-8 field names) has the 2.0 layout; NumPy reads it privately.
-    return np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+    if version == (3, 0):
+        # NumPy writes 3.0 only for structured dtypes with non-Latin-1 field names,
+        # which memfit does not store (and NumPy reads privately).
+        raise ValueError("its header is .npy format 3.0, used only for structured arrays "
+                         "with non-Latin-1 field names, which memfit does not read")
+    raise ValueError(f"its header gives .npy format version {version[0]}.{version[1]}, "
+                     f"which NumPy never writes: the file is damaged")
 
 
 def open_npy(name: str, path: str | os.PathLike) -> np.memmap:
@@ -218,7 +223,8 @@ def open_npy(name: str, path: str | os.PathLike) -> np.memmap:
             offset = f.tell()
     except (ValueError, OSError, EOFError, SyntaxError) as e:
         raise DatasetError(f"Feature {name!r}: {str(p)!r} is not a readable .npy file "
-                           f"({e}).") from None
+                           f"({e}). Write it again (np.save) or restore it from a copy."
+                           ) from None
     check_dtype(name, dtype, where=f" (file {str(p)!r})")
     if len(shape) == 0:
         raise DatasetError(f"Feature {name!r}: {str(p)!r} holds a scalar, not an array of "
