@@ -63,6 +63,34 @@ def test_other_tensorflow_errors_are_not_translated():
     assert not isinstance(mentions, CorruptShardError)
 
 
+@pytest.mark.parametrize("at", [0.2, 0.5, 0.8])
+def test_damage_in_a_gzip_shard_is_not_pinned_on_the_record_where_reading_stopped(tmp_path,
+                                                                                  at):
+    """TensorFlow decompresses a GZIP shard in chunks and loses the one holding damaged
+    compressed bytes, so it stops reading at the start of that chunk (here the first
+    record, wherever the damage is). The message says what is known: from which record on
+    nothing could be read, and that the damage is there or after it; verify names the
+    record."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "gz"
+    memfit.pack({"x": rng.random((2000, 16), dtype="float32"), "y": np.arange(2000)}, path,
+                compression="GZIP", shards=1, samples_per_record=1, shuffle=False,
+                progress=False)
+    bad = shard_path(path)
+    corrupt(bad, int(bad.stat().st_size * at))
+    with pytest.raises(CorruptShardError) as e:
+        for _ in memfit.dataset(path, 50, shuffle=False):
+            pass
+    message = str(e.value)
+    stopped = int(message.split("its records from ")[1].split(" ")[0])
+    assert message.startswith(f"memfit: shard {bad} is corrupt or truncated: its records "
+                              f"from {stopped} on, of 2000, cannot be read")
+    assert f"at record {stopped} or after it" in message
+    assert e.value.file == str(bad) and e.value.record is None
+    damaged = [p.record for p in memfit.verify(path).problems if p.record is not None]
+    assert len(damaged) == 1 and damaged[0] >= stopped
+
+
 def test_truncated_shard_is_named_too(packed):
     bad = shard_path(packed, 1)
     bad.write_bytes(bad.read_bytes()[:-100])

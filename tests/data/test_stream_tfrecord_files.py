@@ -232,6 +232,27 @@ def test_a_file_cut_short_is_named_when_opened(tmp_path):
         memfit.dataset([str(p) for p in paths], 8)
 
 
+def test_a_broken_length_in_a_gzip_file_names_the_record_without_a_count(tmp_path):
+    """No record after a length whose checksum fails can be found, so how many the file
+    holds is unknown: the message names the record, without 'of ?'."""
+    import gzip
+
+    from memfit.data.format.records import iter_records
+
+    x, y = _recipe_data(40)
+    path = write_recipe(tmp_path, x, y, files=1)[0]
+    data = bytearray(path.read_bytes())
+    starts = [offset for offset, _ in iter_records(open(path, "rb"))]
+    data[starts[25] + 2] ^= 0xFF                        # record 25's length
+    gz = tmp_path / "path1.tfrecords.gz"
+    gz.write_bytes(gzip.compress(bytes(data)))
+    with pytest.raises(CorruptShardError) as e:
+        memfit.dataset([str(gz)], 8)
+    assert f"TFRecord file {gz} is corrupt or truncated: record 25 cannot be read (" \
+        in str(e.value)
+    assert "of ?" not in str(e.value) and e.value.record == 25
+
+
 def test_skip_reads_a_file_cut_short_before_it_was_opened_up_to_the_cut(tmp_path, capsys):
     x, y = _recipe_data(40)
     paths = write_recipe(tmp_path, x, y)

@@ -241,13 +241,27 @@ class _Steps:
         message (``on_corrupt="raise"``), or a warning when it was not (``"skip"``)."""
         if self.on_corrupt == "raise":
             def message() -> tf.Tensor:
+                if self.compression:
+                    # TensorFlow decompresses in chunks and loses the one that holds the
+                    # damage: n is where reading stopped, not the damaged record.
+                    n_, of = tf.strings.as_string(n), tf.strings.as_string(records)
+                    damage = tf.strings.join([
+                        ": its records from ", n_, " on, of ", of, ", cannot be read (bad "
+                        "CRC32C, damaged ", self.compression, " data or cut short, at "
+                        "record ", n_, " or after it: a compressed shard is decompressed "
+                        "in chunks, and the chunk holding the damage is lost). "])
+                else:
+                    damage = tf.strings.join([
+                        ": record ", tf.strings.as_string(n), " of ",
+                        tf.strings.as_string(records), " cannot be read (bad CRC32C or cut "
+                        "short). "])
+                gone = tf.strings.join([": record ", tf.strings.as_string(n), " of ",
+                                        tf.strings.as_string(records), " cannot be read "
+                                        "(the file is gone). "])
                 return tf.strings.join([
                     "memfit: shard ", file, " is ",
-                    tf.where(exists, "corrupt or truncated", "missing"), ": record ",
-                    tf.strings.as_string(n), " of ", tf.strings.as_string(records),
-                    " cannot be read (", tf.where(exists, "bad CRC32C or cut short",
-                                                   "the file is gone"),
-                    "). ", what_to_do(self.where)])
+                    tf.where(exists, "corrupt or truncated", "missing"),
+                    tf.where(exists, damage, gone), what_to_do(self.where)])
 
             return assert_clean(tf.cond(ok, lambda: tf.constant(""), message))
         return tf.cond(ok, lambda: tf.constant(True), lambda: tf.numpy_function(

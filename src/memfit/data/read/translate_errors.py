@@ -71,7 +71,7 @@ _RAISED = re.compile(r"(?:ShardReadError|CorruptShardError): (memfit: (?:shard|a
                      r"TFRecord file) "
                      r"[^\n]*)")
 _FILE = re.compile(r"^memfit: (?:shard|array file|TFRecord file) (.+?) (?:is|was) ")
-_RECORD = re.compile(r": (?:record|sample) (\d+) of ")
+_RECORD = re.compile(r": (?:record|sample) (\d+)[ ,.)]")
 _ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)")
 _SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r"}
 

@@ -68,12 +68,24 @@ def is_tfrecord_files(source: Any) -> bool:
     return os.path.isfile(text) and not text.endswith(_NOT_FILES)
 
 
-def damaged(path: Path | str, record: int, records: int | str, why: str) -> str:
+def damaged(path: Path | str, record: int, records: int | None, why: str) -> str:
     """memfit's one line for a damaged record of a file read in place (what
-    :mod:`memfit.data.read.translate_errors` turns into a ``CorruptShardError``)."""
-    return (f"memfit: TFRecord file {path} is corrupt or truncated: record {record} of "
-            f"{records} cannot be read ({why}). Write the file again or leave it out; or "
-            f"pass on_corrupt='skip' to train without the damaged records.")
+    :mod:`memfit.data.read.translate_errors` turns into a ``CorruptShardError``).
+
+    Example:
+        >>> damaged("a.tfrecords", 25, None, "bad CRC32C of its length")[:62]
+        'memfit: TFRecord file a.tfrecords is corrupt or truncated: rec'
+        >>> "record 25 cannot be read" in damaged("a.tfrecords", 25, None, "cut short")
+        True
+
+    Args:
+        records: the records in the file, or ``None`` where the damage hides how many
+            (a length whose checksum fails: no record after it can be found).
+    """
+    of = "" if records is None else f" of {records}"
+    return (f"memfit: TFRecord file {path} is corrupt or truncated: record {record}{of} "
+            f"cannot be read ({why}). Write the file again or leave it out; or pass "
+            f"on_corrupt='skip' to train without the damaged records.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +148,7 @@ def _count(path: Path, compression: str | None, check: SpecCheck, on_corrupt: st
         return count, total, \
             np.frombuffer(starts, np.int64).copy() if compression is None else None
 
-    def damage(why: str, records: int | str) -> tuple[int, int, np.ndarray | None]:
+    def damage(why: str, records: int | None) -> tuple[int, int, np.ndarray | None]:
         if on_corrupt == "raise":
             raise CorruptShardError(damaged(path, count, records, why), str(path), count)
         warn_skipped(f"memfit: WARNING: TFRecord file {path} is damaged at record {count} "
@@ -157,7 +169,7 @@ def _count(path: Path, compression: str | None, check: SpecCheck, on_corrupt: st
                                        f"record's length checksum does not match). "
                                        f"memfit.dataset streams files of tf.train.Example "
                                        f"records, plain, GZIP or ZLIB.")
-                return damage("bad CRC32C of its length, or cut short", "?")
+                return damage("bad CRC32C of its length, or cut short", None)
             (length,) = struct.unpack("<Q", header[:8])
             if count == 0 or compression is not None:
                 data = f.read(length + 4)
@@ -165,7 +177,7 @@ def _count(path: Path, compression: str | None, check: SpecCheck, on_corrupt: st
                     return damage("cut short", count + 1)
                 if count == 0:
                     if struct.pack("<I", mask_crc(google_crc32c.value(data[:-4]))) != data[-4:]:
-                        return damage("bad CRC32C of its data", "?")
+                        return damage("bad CRC32C of its data", None)
                     check.check(path, 0, data[:-4])
             else:
                 end = f.seek(length + 4, os.SEEK_CUR)
