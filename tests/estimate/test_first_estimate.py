@@ -76,10 +76,21 @@ def test_an_unwritable_cache_still_uses_the_measurement(tmp_path, monkeypatch, c
            f"{CACHE_ENV}" in caplog.text
 
 
-def test_a_gpu_estimate_without_a_gpu_here_keeps_the_default(empty_cache, monkeypatch):
+def test_a_gpu_estimate_without_a_gpu_here_keeps_the_default_and_says_so(empty_cache,
+                                                                         monkeypatch, caplog):
+    """An estimate for another machine's GPU is allowed, but not silently: one line says
+    the GPU is not here, which baseline is used, and what to do."""
     monkeypatch.setattr(baseline, "calibrate", lambda *a, **kw: pytest.fail("measured"))
-    monkeypatch.setattr(baseline, "nvml_devices", lambda: [])
-    assert ensure_calibration("gpu:0") == (DEFAULT_BASELINE["gpu"], "default")
+    for seen, device, said in (([], "gpu:0", "NVML sees no GPU"),
+                               (None, "gpu:0", "NVML, the nvidia-ml-py package"),
+                               ([{"index": 0}], "gpu:1", "NVML sees 1: gpu:0 to gpu:0")):
+        monkeypatch.setattr(baseline, "nvml_devices", lambda seen=seen: seen)
+        caplog.clear()
+        assert ensure_calibration(device) == (DEFAULT_BASELINE["gpu"], "default")
+        [line] = [r.getMessage() for r in caplog.records]
+        assert line.startswith(f"memfit: {device} is not a GPU this machine has ({said}")
+        assert "the default GPU baseline, 600.0 MiB" in line and "(--device cpu)" in line
+        assert f"`memfit calibrate --device {device}` on the machine with that GPU" in line
 
 
 def memfit(*argv, env):

@@ -222,7 +222,12 @@ def ensure_calibration(device: str = "cpu") -> tuple[int, str]:
     default = DEFAULT_BASELINE["gpu" if device.startswith("gpu") else "cpu"]
     on = "" if device == "cpu" else f" on {device}"
     redo = "memfit calibrate" + ("" if device == "cpu" else f" --device {device}")
-    if device.startswith("gpu") and not _gpu_present():
+    if device.startswith("gpu") and not _gpu_visible(device):
+        log.warning("memfit: %s is not a GPU this machine has (%s); the estimate uses the "
+                    "default GPU baseline, %s, as for another machine. Give device='cpu' "
+                    "(--device cpu) to estimate for this machine, or run `%s` on the "
+                    "machine with that GPU.", device, _gpus_seen(), format_size(default),
+                    redo)
         return default, "default"
     try:
         c = calibrate(device, runs=1, cache=False)
@@ -300,6 +305,21 @@ def calibrate(device: str = "cpu", *, runs: int = 3, cache: bool = True,
 def _gpu_present() -> bool:
     """Whether NVML sees at least one GPU (checked before starting a child for it)."""
     return bool(nvml_devices())
+
+
+def _gpu_visible(device: str) -> bool:
+    """Whether NVML sees the GPU ``device`` (``"gpu:N"``) names."""
+    return int(device.split(":")[1]) < len(nvml_devices() or [])
+
+
+def _gpus_seen() -> str:
+    """What NVML sees, for the line that says a GPU is not here."""
+    devices = nvml_devices()
+    if devices is None:
+        return "NVML, the nvidia-ml-py package with an NVIDIA driver, is not available"
+    if not devices:
+        return "NVML sees no GPU"
+    return f"NVML sees {len(devices)}: gpu:0 to gpu:{len(devices) - 1}"
 
 
 def save_calibration(c: Calibration) -> Path:
