@@ -86,6 +86,11 @@ CASES = [
     (["pack", "x=x.npy", "--split", "train=1.0,val=0", "-o", "out"], 2,
      "val=0 is not (leave out a split that gets nothing)"),
     (["pack", "x=x.npy", "--shards", "0", "-o", "out"], 2, "0"),
+    # a value that begins with '-' reads as an option to argparse: say so, and the = form
+    (["pack", "--images", "photos", "--image-size", "-3,32", "-o", "out"], 2,
+     "'-3,32' begins with '-', so it reads as an option: give it as --image-size=-3,32"),
+    (["pack", "--images", "photos", "--image-size=-3,32", "-o", "out"], 2,
+     "must be two positive integers"),
     # inspect / verify
     (["inspect", "nowhere"], 2, "nowhere"),
     (["inspect", "m-list"], 2, "manifest.json"),

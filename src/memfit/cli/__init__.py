@@ -31,7 +31,7 @@ from memfit.cli import (
     verify_cmd,
     watch_cmd,
 )
-from memfit.cli.common import silence_stdout
+from memfit.cli.common import Parser, silence_stdout
 from memfit.errors import MemfitError
 from memfit.quiet import quieted
 
@@ -44,7 +44,7 @@ VERBOSE_HELP = ("show TensorFlow's start-up log lines (oneDNN, CUDA drivers, cuI
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="memfit",
         description="Train Keras/TensorFlow models on data larger than RAM, near the device's "
                     "memory limit, and see where the memory went.")

@@ -21,18 +21,61 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from memfit.sizes import parse_size
 
-__all__ = ["add_command_argument", "count", "seconds", "size", "print_output", "silence_stdout",
-           "CLOSED_PIPE"]
+__all__ = ["Parser", "add_command_argument", "count", "seconds", "size", "print_output",
+           "silence_stdout", "CLOSED_PIPE"]
 
 # The exit status of a command whose reader went away, as a shell reports SIGPIPE.
 CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+# argparse's message for an option whose value it did not find ("argument --image-size:
+# expected one argument"): the option's names, joined by '/'.
+_NO_VALUE = re.compile(r"^argument (\S+): expected (?:one argument|at least one argument)$")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "expected one argument" says why when the value was there
+    but begins with '-' (``--image-size -3,32``: argparse reads ``-3,32`` as an option),
+    and how to give it (``--image-size=-3,32``). ``memfit`` and each subcommand use it."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + self._dash_value(message))
+
+    def _dash_value(self, message: str) -> str:
+        """What to add to argparse's message: the value that begins with '-', and the
+        ``--option=VALUE`` form that gives it; nothing when that is not the case."""
+        found = _NO_VALUE.match(message)
+        if found is None:
+            return ""
+        names = found[1].split("/")
+        given = list(self._given)
+        for i, token in enumerate(given[:-1]):
+            named = token in names or (token.startswith("--") and len(token) > 2 and any(
+                n.startswith(token) for n in names))
+            value = given[i + 1]
+            if not named or not value.startswith("-") or value == "--":
+                continue
+            if value.split("=")[0] in self._option_string_actions:
+                return ""       # a real option: the value was left out
+            return (f" ({value!r} begins with '-', so it reads as an option: give it as "
+                    f"{names[0]}={value})")
+        return ""
 
 
 class _Command(argparse.Action):
