@@ -199,3 +199,17 @@ def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path):
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "%|" not in out.stderr and "\r" not in out.stderr, out.stderr
+
+
+def test_the_cli_names_an_option_its_own_way_first(tmp_path, capsys):
+    """The library's message names overwrite=True (--overwrite); the command line says
+    --overwrite first, the Python spelling after it."""
+    np.save(tmp_path / "x.npy", np.zeros((10, 2), np.float32))
+    out = tmp_path / "data"
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--seed", "5",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "or pass --overwrite (overwrite=True in Python) to replace it." in err, err
+    assert "(--overwrite)" not in err

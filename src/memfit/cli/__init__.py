@@ -31,7 +31,7 @@ from memfit.cli import (
     verify_cmd,
     watch_cmd,
 )
-from memfit.cli.common import Parser, silence_stdout
+from memfit.cli.common import CliSpelling, Parser, cli_spelling, silence_stdout
 from memfit.errors import MemfitError
 from memfit.quiet import quieted
 
@@ -67,16 +67,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(CliSpelling())        # "--overwrite (overwrite=True in Python)"
     try:
         with quieted(args.hide_tensorflow_startup and not getattr(args, "verbose", False)):
             code = int(args.run(args) or 0)
             sys.stdout.flush()      # a closed pipe shows up here, inside the handler below
             return code
     except MemfitError as e:
-        print(f"memfit {args.command}: error: {e}", file=sys.stderr)
+        print(f"memfit {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
         return e.exit_code
     except ValueError as e:
-        print(f"memfit {args.command}: error: {e}", file=sys.stderr)
+        print(f"memfit {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"memfit {args.command}: interrupted", file=sys.stderr)

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Any, NoReturn
 from memfit.sizes import parse_size
 
 __all__ = ["Parser", "add_command_argument", "count", "seconds", "size", "print_output",
-           "silence_stdout", "CLOSED_PIPE"]
+           "silence_stdout", "cli_spelling", "CliSpelling", "CLOSED_PIPE"]
 
 # The exit status of a command whose reader went away, as a shell reports SIGPIPE.
 CLOSED_PIPE = 128 + signal.SIGPIPE
@@ -76,6 +77,45 @@ class Parser(argparse.ArgumentParser):
             return (f" ({value!r} begins with '-', so it reads as an option: give it as "
                     f"{names[0]}={value})")
         return ""
+
+
+# The library's messages name an option in Python, then on the command line:
+# "overwrite=True (--overwrite)", "on_corrupt='skip' (--on-corrupt skip)",
+# "samples_per_record (--samples-per-record)". A Python spelling has '_' or '='.
+_BOTH = re.compile(r"\b(?P<py>[a-z][a-z0-9]*(?:_[a-z0-9]+)*(?:=(?:'[^']*'|[\w.]+))?) "
+                   r"\((?P<cli>--[a-z][a-z0-9-]*(?: [\w.:,'-]+)?)\)")
+
+
+def cli_spelling(text: str) -> str:
+    """``text`` with each option the library names as ``python (--cli)`` named the
+    command line's way first: ``--cli (python in Python)``.
+
+    Example:
+        >>> cli_spelling("Choose another directory, or pass overwrite=True (--overwrite).")
+        'Choose another directory, or pass --overwrite (overwrite=True in Python).'
+        >>> cli_spelling("or pack with on_corrupt='skip' (--on-corrupt skip) to leave it")
+        "or pack with --on-corrupt skip (on_corrupt='skip' in Python) to leave it"
+        >>> cli_spelling("mixed precision (--dtype-policy mixed_float16)")   # no Python name
+        'mixed precision (--dtype-policy mixed_float16)'
+    """
+    def one(m: re.Match) -> str:
+        py = m["py"]
+        if "_" not in py and "=" not in py:
+            return m[0]
+        return f"{m['cli']} ({py} in Python)"
+    return _BOTH.sub(one, text)
+
+
+class CliSpelling(logging.Filter):
+    """A logging filter that words the library's lines (warnings, notes) the command
+    line's way (:func:`cli_spelling`), on the handler ``memfit`` logs with."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        worded = cli_spelling(message)
+        if worded != message:
+            record.msg, record.args = worded, None
+        return True
 
 
 class _Command(argparse.Action):
