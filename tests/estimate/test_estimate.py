@@ -47,6 +47,26 @@ def test_weights_gradients_and_adam_slots_match_hand_computation(tiny_adam):
     assert e.allocator_policy == "default"                  # a plain process by default
 
 
+def test_the_loss_it_assumes_is_said_in_the_table_and_the_json(tiny_adam):
+    """The step trains with MSE whatever the model's loss: said when the model has none
+    (not compiled) or another one, not when its own is MSE."""
+    from tests.estimate.models import tiny
+
+    e = tiny_adam.at(16)
+    [said] = e.assumptions
+    assert said.startswith("loss mse on zero targets shaped like the outputs (the model "
+                           "has no compiled loss as loaded")
+    assert "no option for another loss" in said
+    assert f"assumed: {said}" in str(e).splitlines()[:5]
+    assert e.to_json()["assumptions"] == [said]
+    other, own = tiny(), tiny()
+    other.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    own.compile(optimizer="adam", loss="mean_squared_error")
+    [said] = Estimator(other).at(16).assumptions
+    assert "in place of the model's compiled loss, sparse_categorical_crossentropy" in said
+    assert Estimator(own).at(16).assumptions == ()
+
+
 def test_activations_grow_linearly_with_the_batch(tiny_adam):
     small, big = tiny_adam.at(1000), tiny_adam.at(2000)
     per_sample = (big.step_peak - small.step_peak) / 1000

@@ -305,7 +305,8 @@ class Estimator:
                      baseline_source=self.baseline_source, peak_op=p["peak_op"],
                      params_trainable=trainable, params_non_trainable=frozen,
                      model_bytes_low=self.low(batch_size) - self.baseline,
-                     model_bytes_high=self.high(batch_size) - self.baseline)
+                     model_bytes_high=self.high(batch_size) - self.baseline,
+                     assumptions=self.setup.assumed)
         if budget_bytes is None:
             return e
         best = self.max_batch_size(budget_bytes)

@@ -69,6 +69,8 @@ class Estimate:
         max_batch_size: the largest batch size whose high end (``total_high``) fits
             ``budget`` (0: none does), or ``None`` without a budget.
         advice: what to change when it does not fit (empty otherwise).
+        assumptions: what the estimate assumed that the model did not say, in words
+            (the loss of a model not compiled, or compiled with another loss).
     """
 
     model_name: str
@@ -98,6 +100,7 @@ class Estimate:
     budget: int | None = None
     max_batch_size: int | None = None
     advice: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
 
     @property
     def step_peak(self) -> int:
@@ -167,6 +170,7 @@ class Estimate:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "layers"}
         out["layers"] = [row.to_json() for row in self.layers]
         out["advice"] = list(self.advice)
+        out["assumptions"] = list(self.assumptions)
         out.update(step_peak=self.step_peak, model_bytes=self.model_bytes,
                    total=self.total, total_low=self.total_low,
                    total_high=self.total_high, fits=self.fits, verdict=self.verdict)
@@ -183,7 +187,8 @@ class Estimate:
                  f"{self.dtype_policy}, {self.optimizer}, {self.device}",
                  *([] if self.kernels.startswith("xla") else
                    [f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}"]),
-                 f"kernels: {_KERNELS_TEXT[self.kernels]}", ""]
+                 f"kernels: {_KERNELS_TEXT[self.kernels]}",
+                 *[f"assumed: {a}" for a in self.assumptions], ""]
         for i, row in enumerate(rows if self.layers else []):   # XLA's has no layer table
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
             cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]

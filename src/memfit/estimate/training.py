@@ -28,7 +28,7 @@ from memfit.estimate.model import (
 from memfit.estimate.optimizers import make_optimizer
 
 __all__ = ["Setup", "prepare", "make_batch", "batch_bytes", "KERNELS", "kernels_of",
-           "onednn_enabled"]
+           "onednn_enabled", "loss_assumption"]
 
 DEFAULT_OPTIMIZER = "adam"
 #: The kernels a training step runs, for which the estimate's fitted constants and range
@@ -85,6 +85,8 @@ class Setup:
         targets: ``(shape without batch, dtype)`` per target.
         policy: the dtype policy name the model was built under.
         optimizer: the optimizer it was compiled with (a Keras object).
+        assumed: what the step assumes that the model did not say, in words (the loss:
+            :func:`loss_assumption`).
     """
 
     model: Any
@@ -92,6 +94,42 @@ class Setup:
     targets: list[tuple[tuple[int, ...], str]]
     policy: str
     optimizer: Any
+    assumed: tuple[str, ...] = ()
+
+
+_MSE = ("mse", "mean_squared_error", "MeanSquaredError")
+
+
+def _loss_name(loss: Any) -> str:
+    """A compiled loss in words: its name, or the names of a structure of losses."""
+    import keras
+
+    names = []
+    for one in keras.tree.flatten(loss):
+        name = one if isinstance(one, str) else (
+            getattr(one, "name", None) or getattr(one, "__name__", None) or type(one).__name__)
+        if name not in names:
+            names.append(str(name))
+    return ", ".join(names) or "none"
+
+
+def loss_assumption(loss: str, model: Any) -> str:
+    """The line that says which loss the step trains with when it is not the model's
+    own ("" when it is): a model not compiled, or compiled with another loss.
+
+    Args:
+        loss: the loss the step compiles with.
+        model: the model as loaded, before the step compiles it.
+    """
+    own = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+    why = ("the model has no compiled loss as loaded: a .keras file is loaded without "
+           "its compile settings" if own is None else
+           f"in place of the model's compiled loss, {_loss_name(own)}")
+    if own is not None and all(n.strip() in _MSE for n in _loss_name(own).split(",")):
+        return ""
+    return (f"loss {loss} on zero targets shaped like the outputs ({why}: the estimate "
+            f"trains every model with {loss}, and has no option for another loss; a "
+            f"loss's own memory is about one output-sized tensor per output)")
 
 
 def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = None,
@@ -110,6 +148,7 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
         EstimateError: see :func:`memfit.estimate.model.load`.
     """
     model = load(source, dtype_policy, input_shape=input_shape)
+    assumed = loss_assumption(loss, model)
     with policy_scope(dtype_policy):
         specs = input_specs(model, input_shape)
         outputs = ensure_built(model, specs)
@@ -127,7 +166,7 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
                                 f"({type(e).__name__}: {e}).") from None
     policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
     return Setup(model=model, inputs=specs, targets=target_specs(outputs), policy=policy,
-                 optimizer=model.optimizer)
+                 optimizer=model.optimizer, assumed=(assumed,) if assumed else ())
 
 
 def make_batch(setup: Setup, batch_size: int) -> tuple[Any, Any]:

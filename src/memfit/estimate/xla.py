@@ -357,7 +357,8 @@ class XlaEstimator:
                      params_trainable=param_count(m.trainable_weights),
                      params_non_trainable=param_count(m.non_trainable_weights),
                      model_bytes_low=self.low(batch_size) - self.baseline,
-                     model_bytes_high=self.high(batch_size) - self.baseline)
+                     model_bytes_high=self.high(batch_size) - self.baseline,
+                     assumptions=self.setup.assumed)
         if budget_bytes is None:
             return e
         best = self.max_batch_size(budget_bytes)
