@@ -319,6 +319,8 @@ def _gpus_seen() -> str:
         return "NVML, the nvidia-ml-py package with an NVIDIA driver, is not available"
     if not devices:
         return "NVML sees no GPU"
+    if len(devices) == 1:
+        return "NVML sees one: gpu:0"
     return f"NVML sees {len(devices)}: gpu:0 to gpu:{len(devices) - 1}"
 
 
