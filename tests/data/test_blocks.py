@@ -308,3 +308,13 @@ def test_a_first_record_not_laid_out_as_packed_goes_to_the_tf_reader(damaged):
     with pytest.raises(CorruptShardError, match=bad.name):
         for _ in ds:
             pass
+
+
+def test_a_split_smaller_than_the_window_is_said_to_be_shuffled_whole(packed):
+    """A stranger's 2,700-sample split was said to be shuffled in windows of 161,344
+    samples (5042 batches): the plan shows the window the split fills."""
+    plan = memfit.dataset(packed, 64, split="val").memfit_plan      # 100 samples
+    assert plan.window_samples > 100
+    text = str(plan)
+    assert "shuffle window 100 samples (2 batches, the whole split)" in text, text
+    assert "windows of 100 samples" in text and f"{plan.window_samples:,}" not in text

@@ -145,3 +145,17 @@ def test_mapped_arrays_are_not_data_in_ram():
     fit["arrays"] = [{"shape": [1000, 100000], "dtype": "float32", "nbytes": 4 * DATA_MIN,
                       "mapped": True, "names": ["x"]}]
     assert diagnose(facts(fit=fit)) == []
+
+
+def test_the_restart_fix_asks_for_a_session_rather_than_saying_the_script_has_one():
+    """A stranger's plain script (no memfit.session()) was told that "the script uses
+    memfit.session()" in the `memfit run` line of a finding: the doctor does not know
+    that, so the line says what the resume needs."""
+    leak = memory_growth(facts(verdict=verdict("leak", 80 * MiB)))
+    kept = diagnose(facts(kept={"released": 200 * MiB, "kept": 400 * MiB,
+                                "before": 450 * MiB}))
+    lines = [line for f in (leak, *kept) for line in f.fix if "memfit run" in line]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "with memfit.session() in the script" in line
+        assert "the script uses memfit.session()" not in line

@@ -93,3 +93,30 @@ def test_the_measuring_child_and_find_batch_size_run_on_jax(tmp_path):
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["status"] == "ok" and r["measured"] > 0
     assert r["trials"] == 2 and r["fits"] > 0 and r["estimated"] > 0
+
+
+def test_a_budget_only_the_framework_fills_is_not_told_to_shrink_the_model(tmp_path):
+    """A stranger's 251-parameter CNN at a budget inside the estimate's range was told
+    "uncertain: run memfit find-batch-size" and then "nothing fits: use mixed precision, a
+    lighter optimizer, or a smaller model": the framework and XLA's runtime are nearly all
+    of it. The advice says what they need, and that real steps may still find a batch."""
+    done = jax_run(tmp_path=tmp_path, code="""
+        import json
+        import models
+        from memfit.estimate.xla import XlaEstimator
+        est = XlaEstimator(models.tiny(), optimizer="adam")
+        e = est.at(8)
+        inside = (e.total_low + min(e.total_high, est.high(1))) // 2
+        out = {"best": est.max_batch_size(inside),
+               "inside": list(est.at(8, budget=inside).advice),
+               "below": list(est.at(8, budget=est.baseline - 1).advice)}
+        print(json.dumps(out))
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["best"] == 0
+    assert r["inside"][0].startswith("not even batch size 1 fits for sure"), r
+    assert any("memfit find-batch-size measures real steps" in a for a in r["inside"]), r
+    assert not any("mixed precision" in a for a in r["inside"] + r["below"]), r
+    assert r["below"] == [a for a in r["below"] if a.startswith("the framework alone")], r
+    assert len(r["below"]) == 1 and "import jax, keras" in r["below"][0], r

@@ -331,3 +331,19 @@ def test_ctrl_c_stops_the_command_and_the_run(tmp_path):
     assert parent.returncode == 130, err
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert "stopped (interrupted)" in err
+
+
+def test_a_session_that_fails_before_its_first_checkpoint_is_not_called_sessionless(tmp_path):
+    """A stranger's session script that named a feature its dataset lacks (and one that
+    met a damaged shard, exit 65 from the session itself) was told that it "does not train
+    inside memfit.session()" and to add the two lines it had: the session's start is in
+    the log, so the summary leaves that note out."""
+    script = tmp_path / "bad_input.py"
+    script.write_text("import memfit\n"
+                      "with memfit.session(seed=1):\n"
+                      "    raise ValueError(\"No feature 'image' in data/train\")\n")
+    result = memfit.run([sys.executable, str(script)], workdir=tmp_path / "wd",
+                        max_restarts=0, out=False)
+    assert not result.finished and result.checkpointed, str(result)
+    assert "wrote no checkpoint" not in str(result)
+    assert "session" in {r["event"] for r in read_log(tmp_path / "wd" / "memory.jsonl")}

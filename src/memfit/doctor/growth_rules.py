@@ -77,7 +77,7 @@ def kept_after_del(f: Facts) -> Finding | None:
            "   # trims at every epoch end and after a gc.collect() between fit() calls",
            "3. last resort, one process per epoch:",
            f"   memfit run --restart-every 1 -- {f.cmd}   # resumed exactly from the last "
-           "checkpoint (the script uses memfit.session(), docs/supervise.md)")
+           "checkpoint (with memfit.session() in the script, docs/supervise.md)")
     released = int(k["released"])
     return Finding(
         "allocator-retention",
@@ -192,7 +192,7 @@ def _growth_advice(f: Facts, kind: str, hints: list[str]) -> tuple[str, str, tup
                     "numbers as arguments",) if f.fit.get("backend") in (None, "tensorflow")
                    else ()),                    # not on JAX, where a stranger was told it
                  f"memfit run --max-rss {max_rss} -- {f.cmd}   # meanwhile: restart from the "
-                 f"last checkpoint before memory runs out (the script uses memfit.session(), "
+                 f"last checkpoint before memory runs out (with memfit.session() in the script, "
                  f"docs/supervise.md)",
                  'memfit.MemoryMonitor("runs/exp", on_leak="stop")   # or stop cleanly at a '
                  "leak"))

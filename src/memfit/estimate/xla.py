@@ -40,6 +40,7 @@ import dataclasses
 import os
 from typing import Any
 
+from memfit.estimate.advice import INSIDE_RANGE, UNSURE_OF_ONE
 from memfit.estimate.band import largest_batch
 from memfit.estimate.baseline import check_device, framework_baseline
 from memfit.estimate.layers import param_bytes, param_count
@@ -364,11 +365,32 @@ class XlaEstimator:
         best = self.max_batch_size(budget_bytes)
         advice: tuple[str, ...] = ()
         if best == 0:
-            advice = ("nothing fits: use mixed precision, a lighter optimizer, or a smaller "
-                      "model",)
+            advice = _nothing_sure(e, self.high(1), budget_bytes)
         elif best < batch_size:
             advice = (f"batch {batch_size} may not fit {format_size(budget_bytes)}: train at "
                       f"batch {best} or below, or find the largest with memfit "
                       f"find-batch-size",)
         return dataclasses.replace(e, budget=budget_bytes, max_batch_size=best,
                                    advice=advice)
+
+
+def _nothing_sure(e: Estimate, high_of_one: int, budget: int) -> tuple[str, ...]:
+    """The advice when not even batch size 1's high end fits ``budget``: what the parts
+    that no batch size changes need (on a small model, the framework and XLA's compiler
+    and runtime are nearly all of it: a stranger's 251-parameter CNN was told to use mixed
+    precision), and whether real steps could still find a batch that fits."""
+    if e.baseline >= budget:
+        return (f"the framework alone (import jax, keras: {format_size(e.baseline)} on this "
+                f"machine) needs more than the budget ({format_size(budget)}): no batch "
+                f"size, precision or optimizer fits it; raise the budget",)
+    fixed = e.baseline + e.margin + e.runtime + e.weights + e.optimizer_slots + e.pipeline
+    out = [f"{UNSURE_OF_ONE} (it needs up to {format_size(high_of_one)}); the framework, "
+           f"XLA's compiler and runtime, weights and optimizer state alone need about "
+           f"{format_size(fixed)}, of which the model's weights and optimizer state are "
+           f"{format_size(e.weights + e.optimizer_slots)}"]
+    if e.total_low <= budget:
+        out.append(f"{INSIDE_RANGE} ({format_size(e.total_low)} - "
+                   f"{format_size(e.total_high)}): memfit find-batch-size measures real steps")
+    if e.weights + e.optimizer_slots > fixed // 4:
+        out.append("use mixed precision, a lighter optimizer, or a smaller model")
+    return tuple(out)

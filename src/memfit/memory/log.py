@@ -66,6 +66,7 @@ class Event(StrEnum):
     WARM = "warm"                   # memfit run's warm parent imported the frameworks
     CHECKPOINT = "checkpoint"       # ``epoch``, ``step``, ``seconds``
     RESUME = "resume"               # ``epoch``, ``step``
+    SESSION = "session"             # a memfit.session() began (``seed``, ``epoch``, ``step``)
     EXIT = "exit"                   # a process ended (``code``)
     STOP = "stop"                   # a supervisor stopped for good (``reason``)
     JOB_START = "job_start"         # memfit share started a job

@@ -104,8 +104,9 @@ class RunResult:
             judges it (a level, a leak...), or ``None`` when it lived too short to tell.
         start: how the processes started (``"warm (forked from a parent that imported
             keras, tensorflow once, in 3.8 s)"``, ``"cold (why)"``).
-        checkpointed: whether any process of the run checkpointed or resumed (a script
-            without ``memfit.session()`` does neither: nothing to restart it from).
+        checkpointed: whether any process of the run began a ``memfit.session()``,
+            checkpointed or resumed (a script without a session does none of these:
+            nothing to restart it from).
     """
 
     exit_code: int

@@ -148,6 +148,9 @@ class Session:
         log = self.workdir.log
         self.log = MemoryLog(log, source="session",
                              header=not (log.exists() and log.stat().st_size > 0))
+        # Before anything can fail: a process that ends before its first checkpoint
+        # (bad input, a damaged shard) is still known to train inside a session.
+        self.log.write(Event.SESSION, seed=self.seed, epoch=self.epoch, step=self.step)
         self._restart_reason: str | None = None
         self.preempted: int | None = None     # the signal that asked the run to stop
         self.callback = SessionCallback(self)

@@ -486,8 +486,10 @@ class _Supervisor:
 
 
 def _checkpointed(log_path: Path, since: float) -> bool:
-    """Whether a process of the run started at ``since`` checkpointed or resumed."""
-    return any(r["t"] >= since and r["event"] in (Event.CHECKPOINT, Event.RESUME)
+    """Whether a process of the run started at ``since`` trained inside a session: it
+    began one (even if it ended before its first checkpoint), checkpointed or resumed."""
+    return any(r["t"] >= since and r["event"] in (Event.SESSION, Event.CHECKPOINT,
+                                                  Event.RESUME)
                for r in read_log(log_path))
 
 

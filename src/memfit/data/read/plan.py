@@ -115,14 +115,19 @@ class DatasetPlan:
 
     def __str__(self) -> str:
         if self.reader == "blocks":
-            batches = self.window_samples // self.batch_size
-            order = (f"shuffle window {self.window_samples:,} samples ({batches} batches) over "
+            # A split smaller than the window is one short window: the whole split (a
+            # stranger's 2,700 samples were said to be shuffled in windows of 161,344).
+            window = min(self.window_samples, self.samples) if self.samples > 0 \
+                else self.window_samples
+            whole = ", the whole split" if window < self.window_samples else ""
+            batches = -(-window // self.batch_size) if whole else window // self.batch_size
+            order = (f"shuffle window {window:,} samples ({batches} batches{whole}) over "
                      f"{self.cycle_length} shards read round-robin" if self.shuffle
                      else "stored order")
             return (f"memfit.dataset {self.path} [{self.split}]: budget "
                     f"{format_size(self.memory_budget)} → {order}; memfit's block reader "
                     f"({self.reader_note}, CRC32C checked, windows of "
-                    f"{self.window_samples:,} samples), "
+                    f"{window:,} samples), "
                     f"{self.parallel_windows} windows built ahead, prefetch "
                     f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
                     f"in flight. {plan_summary(self)}")
