@@ -105,6 +105,10 @@ CASES = [
     (["run", "--", "no-such-program-here"], 127, "no-such-program-here"),
     (["watch", "--", "no-such-program-here"], 127, "no-such-program-here"),
     (["watch", "--interval", "0", "--", "true"], 2, "interval"),
+    # a script that is not there: Python would exit 2 at once, and run would restart it
+    (["run", "--", sys.executable, "-u", "trian.py"], 2, "the script 'trian.py' does not exist"),
+    (["watch", "--", sys.executable, "trian.py"], 2, "the script 'trian.py' does not exist"),
+    (["doctor", "--", sys.executable, "photos.py"], 2, "the script 'photos.py' does not"),
     # report
     (["report", "nowhere"], 2, "nowhere"),
     (["report", "garbage.jsonl"], 2, "garbage.jsonl"),

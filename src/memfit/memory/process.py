@@ -73,7 +73,30 @@ def check_command(command: Sequence[str]) -> list[str]:
             raise _not_executable(command)
     elif shutil.which(program) is None:
         raise _not_found(command)
+    script = _python_script(command)
+    if script is not None and not os.path.isfile(script):
+        # Python would exit 2 at once, and memfit run would restart it for nothing.
+        what = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise ValueError(f"the script {script!r} {what} (looked for from {os.getcwd()!r}): "
+                         f"check the path. Received: command={command!r}")
     return command
+
+
+# Python's options that take no value, which may come before a script's path.
+_PYTHON_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-S", "-E", "-I", "-q", "-v", "-b",
+                           "-bb", "-d", "-i", "-P", "-R", "-x"})
+
+
+def _python_script(command: list[str]) -> str | None:
+    """The script a ``python [flags] script.py ...`` command runs, where it is plain which
+    (``None`` for ``-m``, ``-c``, an option that takes a value, or another program)."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return None
+    for arg in command[1:]:
+        if arg in _PYTHON_FLAGS:
+            continue
+        return None if arg.startswith("-") or not arg.endswith(".py") else arg
+    return None
 
 
 def _not_found(command: list[str]) -> CommandStartError:
