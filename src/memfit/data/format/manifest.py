@@ -442,7 +442,8 @@ class ManifestSchema:
         path = Path(directory)
         file = manifest_file(path)
         if not file.exists():
-            raise DatasetError(f"No memfit dataset at {str(path)!r}: {MANIFEST} is missing."
+            why = f"{MANIFEST} is missing" if path.exists() else "no such file or directory"
+            raise DatasetError(f"No memfit dataset at {str(path)!r}: {why}."
                                f"{hint(path) if hint is not None else ''}")
         schema = cls(file)
         return schema, schema.document(fmt, version)
