@@ -318,7 +318,8 @@ def _check_call(source: Any, output: str | os.PathLike, inputs: dict[str, Any],
     if (inputs["images"] is None) != (image_size is None):
         raise DatasetError(f"images and image_size go together: the folder and the "
                            f"(height, width) to resize to, e.g. images='photos/', "
-                           f"image_size=(128, 128). Received: images={inputs['images']!r}, "
+                           f"image_size=(128, 128) (--images photos/ --image-size 128,128). "
+                           f"Received: images={inputs['images']!r}, "
                            f"image_size={image_size!r}")
     return Path(output)
 
