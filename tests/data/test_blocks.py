@@ -318,3 +318,17 @@ def test_a_split_smaller_than_the_window_is_said_to_be_shuffled_whole(packed):
     text = str(plan)
     assert "shuffle window 100 samples (2 batches, the whole split)" in text, text
     assert "windows of 100 samples" in text and f"{plan.window_samples:,}" not in text
+
+
+def test_a_batch_larger_than_the_split_is_not_counted_as_in_flight(packed):
+    """A stranger's batch size of 100,000 over 2,700 samples was said to hold 69.0 MiB in
+    flight, for 190 KiB of data: a batch is at most the split, in the block reader and the
+    arrays reader alike."""
+    whole = memfit.dataset(packed, 100, split="val").memfit_plan            # 100 samples
+    huge = memfit.dataset(packed, 100_000, split="val").memfit_plan
+    assert huge.estimated_bytes == whole.estimated_bytes, (huge, whole)
+    assert "(1 batch, the whole split)" in str(huge), str(huge)
+    x = {"x": np.zeros((300, 64), np.float32)}
+    arrays_whole = memfit.dataset(x, 300).memfit_plan
+    arrays_huge = memfit.dataset(x, 30_000).memfit_plan
+    assert arrays_huge.estimated_bytes == arrays_whole.estimated_bytes

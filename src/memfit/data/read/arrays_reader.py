@@ -170,7 +170,9 @@ def _plan(*, source: str, split: str | None, features: tuple[str, ...], batch_si
                               (spare - batch_bytes) // (_GATHER_COPIES * batch_bytes))))
     prefetch = int(max(1, min(_MAX_PREFETCH,
                               (spare - parallel * _GATHER_COPIES * batch_bytes) // batch_bytes)))
-    estimated = fixed + (parallel * _GATHER_COPIES + prefetch + 2) * batch_bytes
+    # A batch is at most the split: what is in flight is sized by that (the figure only).
+    held = sample_bytes * min(batch_size, samples) if samples > 0 else batch_bytes
+    estimated = fixed + (parallel * _GATHER_COPIES + prefetch + 2) * held
     return ArraysPlan(path=source, split=split, features=features, batch_size=batch_size,
                       samples=samples,
                       steps_per_epoch=steps_per_epoch(samples, batch_size, drop_remainder),

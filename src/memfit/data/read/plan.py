@@ -121,7 +121,8 @@ class DatasetPlan:
                 else self.window_samples
             whole = ", the whole split" if window < self.window_samples else ""
             batches = -(-window // self.batch_size) if whole else window // self.batch_size
-            order = (f"shuffle window {window:,} samples ({batches} batches{whole}) over "
+            order = (f"shuffle window {window:,} samples ({batches} batch"
+                     f"{'es' if batches != 1 else ''}{whole}) over "
                      f"{self.cycle_length} shards read round-robin" if self.shuffle
                      else "stored order")
             return (f"memfit.dataset {self.path} [{self.split}]: budget "
