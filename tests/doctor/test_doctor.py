@@ -202,3 +202,29 @@ def test_cli_help_has_an_example(capsys):
         main(["doctor", "--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "memfit doctor -- python train.py" in out
+
+
+def test_a_second_run_on_a_session_script_says_it_resumed(tmp_path):
+    """A stranger ran the doctor twice on a memfit.session() script: the second run
+    resumed from the first one's checkpoints in the doctor's workdir, trained 0 steps and
+    was told to give the doctor a longer run. It is told that it resumed, and how to have
+    the doctor see the whole run."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import keras, numpy as np, memfit\n"
+        "with memfit.session(seed=3, verbose=0) as s:\n"
+        "    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])\n"
+        "    m.compile('sgd', 'mse')\n"
+        "    m.fit(np.zeros((64, 4)), np.zeros((64, 1)), batch_size=16, epochs=2, verbose=0,\n"
+        "          callbacks=[s.callback])\n")
+    workdir = tmp_path / "wd"
+    first = doctor([sys.executable, str(script)], workdir=workdir)
+    assert first.exit_code == 0 and first.resumed is None and first.steps == 8, str(first)
+    assert "resumed" not in str(first)
+    second = doctor([sys.executable, str(script)], workdir=workdir)
+    assert second.resumed == {"epoch": 2, "step": 0} and second.steps == 0, str(second)
+    text = " ".join(str(second).split())
+    assert f"resumed at epoch 3 from a checkpoint an earlier run left in " \
+           f"{workdir / 'checkpoints'}" in text, text
+    assert "give the doctor a fresh --workdir" in text and "longer run" not in text
+    assert json.loads((workdir / "doctor.json").read_text())["resumed"] == second.resumed

@@ -17,8 +17,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ from memfit.doctor import site
 from memfit.doctor.facts import PROBE_FORMAT, Facts, ProbeResults
 from memfit.doctor.findings import diagnose
 from memfit.doctor.report import DoctorResult
-from memfit.memory.log import Event, MemoryLog
+from memfit.memory.log import Event, MemoryLog, read_log
 from memfit.memory.probe import system_memory
 from memfit.memory.process import check_command
 from memfit.memory.watch import WatchResult, watch
@@ -145,8 +147,12 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     run_id = uuid.uuid4().hex[:12]
     env = site.environment(site.prepare(wd.path), results_dir, run_id, steps=steps,
                            seconds=seconds, epochs=epochs)
+    since = time.time()
     watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
     result = _diagnose(tuple(command), watched, _read_probe(results_dir, run_id), wd.path)
+    resumed = _resumed(watched.log_path, since)
+    if resumed is not None:
+        result = dataclasses.replace(result, resumed=resumed)
     _record(result, wd)
     return result
 
@@ -170,6 +176,17 @@ def _diagnose(command: tuple[str, ...], watched: WatchResult, probe: ProbeResult
                         workdir=workdir, log_path=watched.log_path,
                         measurements=None if probe is None else probe.to_json(),
                         epochs=None if probe is None else probe.epochs)
+
+
+def _resumed(log_path: Path, since: float) -> dict | None:
+    """Where the command's ``memfit.session()`` resumed in this run from a checkpoint an
+    earlier run left in the workdir (``epoch``, ``step``), or ``None`` (a fresh start, or
+    no session): a second doctor run on a session script trains only what is left."""
+    for event in read_log(log_path):
+        if event["event"] == Event.RESUME and event["t"] >= since \
+                and event.get("fresh") is False:
+            return {"epoch": int(event.get("epoch") or 0), "step": int(event.get("step") or 0)}
+    return None
 
 
 def _record(result: DoctorResult, wd: Workdir) -> None:

@@ -78,6 +78,8 @@ class DoctorResult:
         log_path: the shared memory log of the run.
         measurements: the in-process probe's results (for tools; see
             :func:`memfit.doctor.fit_probe.finish`).
+        resumed: where the command's ``memfit.session()`` resumed from a checkpoint an
+            earlier run left in the workdir (``epoch``, ``step``: 0-based), or ``None``.
     """
 
     command: tuple[str, ...]
@@ -93,6 +95,7 @@ class DoctorResult:
     log_path: Path | None = None
     measurements: dict | None = dataclasses.field(default=None, repr=False)
     epochs: int | None = None
+    resumed: dict | None = None
 
     def finding(self, kind: str) -> Finding | None:
         """The finding of this kind, or ``None``."""
@@ -112,6 +115,7 @@ class DoctorResult:
                 "verdict": self.verdict,
                 "findings": [dict(f.to_json(), rank=i) for i, f in
                              enumerate(self.findings, start=1)],
+                "resumed": self.resumed,
                 "workdir": None if self.workdir is None else str(self.workdir),
                 "log": None if self.log_path is None else str(self.log_path)}
 
@@ -140,6 +144,8 @@ class DoctorResult:
         lines = self._headline()
         if not self.probe:
             lines += [""] + textwrap.wrap(NO_PROBE, WIDTH)
+        if self.resumed is not None:
+            lines += [""] + textwrap.wrap(self._resumed_note(), WIDTH)
         if self.exit_code not in (0,) and self.stopped is None:
             lines += ["", f"The command failed (exit code {self.exit_code}) before the doctor "
                           f"stopped it: the findings cover the part that ran."]
@@ -163,5 +169,20 @@ class DoctorResult:
         v = self.verdict or {}
         if v.get("verdict") != TOO_SHORT:
             return ""
+        if self.resumed is not None:
+            return (f" Memory growth: {v.get('headline', 'too short to judge')}: the "
+                    f"script resumed where an earlier run stopped (above).")
         return (f" Memory growth: {v.get('headline', 'too short to judge')}; give the "
                 f"doctor a longer run (--epochs, --steps or --seconds).")
+
+    def _resumed_note(self) -> str:
+        """The command resumed from an earlier run's checkpoint: what the doctor saw, and
+        how to have it see the whole run."""
+        r = self.resumed or {}
+        where = f"epoch {r.get('epoch', 0) + 1}" + (
+            f", step {r['step']}" if r.get("step") else "")
+        folder = Path(self.workdir or ".") / "checkpoints"
+        return (f"The script's memfit.session() resumed at {where} from a checkpoint an "
+                f"earlier run left in {folder}: the doctor saw only what was left to train. "
+                f"To diagnose the whole run, give the doctor a fresh --workdir, or delete "
+                f"{folder}.")
