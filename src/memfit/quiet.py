@@ -50,6 +50,9 @@ output, TensorFlow's warnings and errors) as it is:
   are dropped from its logger by a :class:`logging.Filter` while :func:`quieted` is on.
 - in memfit's own process, before a pipeline that reads TFRecord files with TensorFlow's
   reader: :func:`spend_tfrecord_reader_line` (once a process).
+- in the user's process, where ``memfit.dataset`` is the first to import TensorFlow (a
+  JAX user's images kept encoded, which only ``tf.data`` decodes): :func:`import_tensorflow`
+  imports it under :func:`quieted`. Where the user imported it first, nothing changes.
 - estimate's measuring children write to files that memfit reads; :func:`strip_noise`
   takes the lines out of what a failed child's message quotes.
 
@@ -87,8 +90,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = ["NOISE", "is_noise", "strip_noise", "LineFilter", "FilteredPopen", "quieted",
-           "filtered_stderr", "filters_children", "ignore_keras_shuffle_warning",
-           "spend_tfrecord_reader_line", "LOG_LEVEL_ENV"]
+           "import_tensorflow", "filtered_stderr", "filters_children",
+           "ignore_keras_shuffle_warning", "spend_tfrecord_reader_line", "LOG_LEVEL_ENV"]
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
@@ -472,6 +475,18 @@ def quieted(enabled: bool = True) -> Iterator[None]:
         logging.getLogger(_JAX_LOGGER).removeFilter(jax_filter)
         if finder is not None:
             _uninstall(finder)
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow under :func:`quieted` where memfit is the first to import it in
+    this process: ``memfit.dataset`` on a JAX user's images kept encoded (only ``tf.data``
+    decodes them), or before the user imports Keras. Its start-up lines are then memfit's
+    doing, and are dropped; where TensorFlow is imported already, the user's own import
+    showed what it shows, and nothing changes. Inside ``quieted(False)`` they are shown."""
+    if "tensorflow" in sys.modules:
+        return
+    with quieted():
+        import tensorflow  # noqa: F401
 
 
 _spent_lock = threading.Lock()

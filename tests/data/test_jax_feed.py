@@ -42,12 +42,15 @@ def _site(absent: tuple[str, ...]) -> str:
 
 
 def run_jax(tmp_path: Path, script: str, *, absent: tuple[str, ...] = ("tensorflow",
-            "tf_keras"), timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs ``script`` on Keras's JAX backend with ``absent`` not installed."""
+            "tf_keras"), timeout: float = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs ``script`` on Keras's JAX backend with ``absent`` not installed (in ``env``,
+    this process's environment by default)."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_site(absent))
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+    env = {**(os.environ if env is None else env), "KERAS_BACKEND": "jax",
+           "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT)]),
            "MEMFIT_CACHE_DIR": str(tmp_path / "cache")}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path,

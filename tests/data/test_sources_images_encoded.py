@@ -152,6 +152,32 @@ def test_on_jax_without_tensorflow_it_says_to_pack_without_keep_encoded(tmp_path
     assert "pack the folder without --keep-encoded" in line, line
 
 
+def test_on_jax_with_tensorflow_the_import_it_needs_prints_no_startup_lines(tmp_path):
+    """A stranger on JAX saw absl's and cudart_stub's lines when memfit.dataset imported
+    TensorFlow to decode images kept encoded: memfit's doing, so dropped; TensorFlow's
+    warnings and errors, and the user's output, are not."""
+    from memfit.quiet import is_noise
+
+    from .test_jax_feed import run_jax
+
+    root = make_folder(tmp_path / "photos", per_class=2, formats=("png",))
+    memfit.pack(images=root, image_size=(8, 8), output=tmp_path / "ds", progress=False,
+                keep_encoded=True)
+    env = {k: v for k, v in ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = run_jax(tmp_path, """
+        import sys
+        import memfit
+        ds = memfit.dataset("ds", 4, shuffle=False, epochs=1)
+        print("tensorflow imported:", "tensorflow" in sys.modules)
+        print("batches:", sum(1 for _ in ds))
+        print("the user's own line", file=sys.stderr)
+    """, absent=(), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["tensorflow", "imported:", "True", "batches:", "2"], out.stdout
+    assert out.stderr.strip() == "the user's own line", out.stderr
+    assert not [ln for ln in out.stderr.splitlines() if is_noise(ln)]
+
+
 def test_decode_image_is_the_packers_decode(tmp_path):
     from memfit.data.sources.image_source import decode_image, load_image
 

@@ -61,7 +61,7 @@ from memfit.data.read.files.tfrecord_files import is_tfrecord_files
 from memfit.data.read.plan import DatasetPlan, settle_plan
 from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
-from memfit.quiet import ignore_keras_shuffle_warning
+from memfit.quiet import ignore_keras_shuffle_warning, import_tensorflow
 from memfit.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -162,6 +162,7 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             from memfit.data.read.feeds.keras_feed import arrays_feed
 
             return arrays_feed(arrays_reader.open_arrays(path, batch_size, **arguments))
+        import_tensorflow()
         return arrays_reader.dataset(path, batch_size, **arguments)
     if is_tfrecord_files(path):
         return _stream_files(path, batch_size, backend, split=split, features=features,
@@ -198,6 +199,7 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             from memfit.data.read.feeds.block_feed import block_feed
 
             return block_feed(reader, plan, features, drop_remainder=drop_remainder)
+        import_tensorflow()
         return build(reader, plan.dataset, features, drop_remainder=drop_remainder,
                      sharded=shard is not None)
     from memfit.data.read import tf_reader
@@ -224,6 +226,7 @@ def _stream_files(path: Any, batch_size: int, backend: str, *, split: str | None
         from memfit.data.read.files.files_open import open_in_place
 
         return files_feed(open_in_place(path, batch_size, **arguments), backend=backend)
+    import_tensorflow()
     from memfit.data.read.files.files_reader import stream_files
 
     return stream_files(path, batch_size, **arguments)
@@ -269,6 +272,7 @@ def _choose(manifest: Manifest, split: str, shards: list[Shard], names: tuple[st
             f"TensorFlow is not installed (Keras runs on {backend}): repack it with "
             f"`memfit pack` without --compression and --variable (the block reader needs "
             f"no TensorFlow), or pip install 'memfit[{TENSORFLOW_EXTRA}]'")
+    import_tensorflow()         # memfit's doing on another backend: its lines are dropped
     from memfit.data.read import tf_reader
 
     plan = tf_reader.plan_tf(manifest, split, batch_size, budget, files=len(shards), **order)
