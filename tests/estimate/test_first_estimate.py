@@ -83,7 +83,7 @@ def test_a_gpu_estimate_without_a_gpu_here_keeps_the_default_and_says_so(empty_c
     monkeypatch.setattr(baseline, "calibrate", lambda *a, **kw: pytest.fail("measured"))
     for seen, device, said in (([], "gpu:0", "NVML sees no GPU"),
                                (None, "gpu:0", "NVML, the nvidia-ml-py package"),
-                               ([{"index": 0}], "gpu:1", "NVML sees 1: gpu:0 to gpu:0")):
+                               ([{"index": 0}], "gpu:1", "NVML sees one: gpu:0")):
         monkeypatch.setattr(baseline, "nvml_devices", lambda seen=seen: seen)
         caplog.clear()
         assert ensure_calibration(device) == (DEFAULT_BASELINE["gpu"], "default")
@@ -91,6 +91,17 @@ def test_a_gpu_estimate_without_a_gpu_here_keeps_the_default_and_says_so(empty_c
         assert line.startswith(f"memfit: {device} is not a GPU this machine has ({said}")
         assert "the default GPU baseline, 600.0 MiB" in line and "(--device cpu)" in line
         assert f"`memfit calibrate --device {device}` on the machine with that GPU" in line
+
+
+def test_the_cli_says_the_gpu_note_its_own_way(tmp_path):
+    """The same note from `memfit estimate --device gpu:0` names the option the command
+    line's way first; the library's record is not rewritten for other handlers."""
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    r = memfit("estimate", "keras.applications:MobileNetV3Small", "--input-shape", "32,32,3",
+               "-b", "2", "--device", "gpu:0", env=env)
+    assert r.returncode in (0, 3), r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if "is not a GPU this machine has" in ln]
+    assert "Give --device cpu (device='cpu' in Python) to estimate for this machine" in line
 
 
 def memfit(*argv, env):

@@ -66,9 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(CliSpelling())        # "--overwrite (overwrite=True in Python)"
+        if handler not in before:          # the one made here, not another program's
+            handler.setFormatter(CliSpelling("%(message)s"))   # "--overwrite (overwrite=...)"
     try:
         with quieted(args.hide_tensorflow_startup and not getattr(args, "verbose", False)):
             code = int(args.run(args) or 0)

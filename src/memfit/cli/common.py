@@ -106,16 +106,13 @@ def cli_spelling(text: str) -> str:
     return _BOTH.sub(one, text)
 
 
-class CliSpelling(logging.Filter):
-    """A logging filter that words the library's lines (warnings, notes) the command
-    line's way (:func:`cli_spelling`), on the handler ``memfit`` logs with."""
+class CliSpelling(logging.Formatter):
+    """A logging formatter that words the library's lines (warnings, notes) the command
+    line's way (:func:`cli_spelling`), for the handler ``memfit`` logs with. A formatter,
+    not a filter: the record itself is left as the library wrote it, for other handlers."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        worded = cli_spelling(message)
-        if worded != message:
-            record.msg, record.args = worded, None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        return cli_spelling(super().format(record))
 
 
 class _Command(argparse.Action):
