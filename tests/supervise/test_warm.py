@@ -208,6 +208,11 @@ def test_a_killed_warm_parent_leaves_the_run_to_finish_cold(data, reference, tmp
     exits = [e for e in read_log(wd / "memory.jsonl") if e["event"] == "exit" and "start" in e]
     assert exits[0]["start"] == "warm" and exits[-1]["start"] == "cold"
     assert "Traceback" not in err
+    # The process forked from it checkpointed and exited for its restart, but its exit
+    # status went with the warm parent: not a made-up 137, "killed" (a stranger's report).
+    [row] = [ln for ln in err.splitlines() if "exit status was lost" in ln]
+    assert row.split()[2] == "?" and row.endswith(
+        "restart: every 1 epoch (its exit status was lost with the warm parent)"), row
 
 
 def test_sigkills_at_random_instants_of_warm_processes_resume_bit_identical(tmp_path):

@@ -67,6 +67,8 @@ class ChildRun:
         resumed_at, ended_at: the ``(epoch, step)`` of the checkpoint it started from and
             of the newest checkpoint when it ended.
         start: ``"warm"`` (forked from the warm parent) or ``"cold"`` (a new interpreter).
+        exit_known: ``False`` when its exit status was lost with a warm parent that was
+            killed (``exit_code`` is then 128 + SIGKILL, a stand-in, shown as ``?``).
     """
 
     pid: int
@@ -79,6 +81,7 @@ class ChildRun:
     resumed_at: tuple[int, int]
     ended_at: tuple[int, int]
     start: str = "cold"
+    exit_known: bool = True
 
     @property
     def progressed(self) -> bool:
@@ -153,7 +156,10 @@ class RunResult:
         for i, c in enumerate(self.children, start=1):
             peak = format_size(c.peak.anon_or_total) if c.peak else "-"
             ended_by = c.cause if c.reason in ("", c.cause) else f"{c.cause}: {c.reason}"
-            lines.append(f"  {i:>2}  {c.pid:>7}  {c.exit_code:>4}  {_at(c.resumed_at):>9}  "
+            code = c.exit_code if c.exit_known else "?"
+            if not c.exit_known:
+                ended_by += " (its exit status was lost with the warm parent)"
+            lines.append(f"  {i:>2}  {c.pid:>7}  {code:>4}  {_at(c.resumed_at):>9}  "
                          f"{_at(c.ended_at):>9}  {peak:>10}  {c.ended - c.started:6.1f}s  "
                          f"{ended_by}")
         lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load and "

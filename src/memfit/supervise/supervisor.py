@@ -411,7 +411,8 @@ class _Supervisor:
         return ChildRun(pid=proc.pid, exit_code=exit_code(proc.returncode), cause=cause,
                         reason=reason, started=started, ended=ended, peak=sampler.peak,
                         resumed_at=resumed_at, ended_at=ckpt.position if ckpt else (0, 0),
-                        start=self.started_as)
+                        start=self.started_as,
+                        exit_known=not (isinstance(proc, WarmChild) and proc.lost))
 
     def _kill(self, proc: subprocess.Popen | WarmChild, reason: str, **fields: Any) -> str:
         self.log.write(Event.KILL, pid=proc.pid, reason=reason, **fields)
@@ -437,6 +438,12 @@ class _Supervisor:
         if killed == "unresponsive":
             return Cause.UNRESPONSIVE, (f"no checkpoint within --grace "
                                         f"{self.limits.grace:g} s of the request")
+        if isinstance(proc, WarmChild) and proc.lost:
+            # Its exit status went with the killed warm parent: what it left tells the rest
+            # (a stranger's process that checkpointed for a restart was said to be killed).
+            if fresh is not None and saved_reason:
+                return Cause.RESTART, saved_reason
+            return Cause.KILLED, "exit status unknown"
         if code == 0:
             return Cause.FINISHED, ""
         if code == exitcodes.RESTART:
@@ -451,8 +458,6 @@ class _Supervisor:
             return Cause.CHECKPOINT_FAILED, "exit 74"
         if code == exitcodes.DATA_ERROR:
             return Cause.DATA, "exit 65"
-        if isinstance(proc, WarmChild) and proc.lost:
-            return Cause.KILLED, "its exit status was lost: the warm parent was killed"
         if proc.returncode < 0:
             return Cause.KILLED, exitcodes.signal_name(-proc.returncode) + (
                 " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
