@@ -48,8 +48,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="Keras dtype policy: float32, mixed_float16, mixed_bfloat16... "
                         "(default: the model's own)")
     p.add_argument("--optimizer", metavar="O", default=None,
-                   help=f"one of {', '.join(OPTIMIZERS)} (default: the model's compiled "
-                        f"optimizer, else adam)")
+                   help=f"one of {', '.join(OPTIMIZERS)} (default: the optimizer a "
+                        f"MODULE:FUNCTION model is compiled with, else adam; a .keras file "
+                        f"is read without its compile settings: name its optimizer here)")
     p.add_argument("--input-shape", metavar="SHAPE", default=None,
                    help="shape of one sample without the batch dimension, for models that "
                         "do not know it: 224,224,3 (several inputs: '32,32,3;10')")

@@ -105,7 +105,8 @@ class Estimator:
     Args:
         model: a ``keras.Model``, a ``.keras`` path, or ``module:function``.
         optimizer: an optimizer name (see :mod:`memfit.estimate.optimizers`), a Keras
-            optimizer, or ``None`` (the model's compiled optimizer, else Adam).
+            optimizer, or ``None`` (the optimizer a live or ``module:function`` model is
+            compiled with, else Adam; a ``.keras`` file is loaded without it).
         dtype_policy: a Keras dtype policy name, or ``None`` for the model's own.
         input_shape: input shape(s) without the batch dimension, for a model that does
             not know them (``(224, 224, 3)``).
@@ -369,7 +370,8 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
         batch_size: samples per training step (a positive integer).
         optimizer: an optimizer name (``"sgd"``, ``"sgd+momentum"``, ``"adam"``,
             ``"adamw"``, ``"rmsprop"``, ``"adagrad"``, ``"adadelta"``, ``"nadam"``...),
-            a Keras optimizer, or ``None`` (the model's compiled optimizer, else Adam).
+            a Keras optimizer, or ``None`` (the optimizer a live or ``module:function`` model is
+            compiled with, else Adam; a ``.keras`` file is loaded without it).
         dtype_policy: ``"float32"``, ``"mixed_float16"``, ``"mixed_bfloat16"``...;
             ``None`` keeps the model's.
         input_shape: shape of one sample without the batch dimension, for a model that

@@ -140,7 +140,8 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
         source: what :func:`memfit.estimate.model.load` takes.
         dtype_policy: a Keras dtype policy name, or ``None`` for the model's own.
         optimizer: a name from :data:`memfit.estimate.optimizers.OPTIMIZERS`, a Keras
-            optimizer, or ``None``: the model's compiled optimizer, else Adam.
+            optimizer, or ``None``: the optimizer a live or ``module:function`` model is
+            compiled with, else Adam (a ``.keras`` file is loaded without it).
         input_shape: input shapes for a model that does not know them.
         loss: the Keras loss to compile with.
 
