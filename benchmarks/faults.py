@@ -100,7 +100,11 @@ def read_phase(out: Path) -> tuple[str, int, int] | None:
 
 def phase_log(out: Path) -> list[tuple[float, int, str, int]]:
     rows = []
-    with open(out / "phases.log") as f:
+    try:
+        f = open(out / "phases.log")
+    except FileNotFoundError:       # the training has not started its log yet (a busy machine)
+        return rows
+    with f:
         for line in f:
             t, pid, name, iterations = line.split()
             rows.append((float(t), int(pid), name, int(iterations)))
