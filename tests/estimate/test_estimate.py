@@ -165,7 +165,7 @@ def test_bad_arguments_are_clear_errors(kwargs, message):
 def test_bad_models_are_clear_errors(tmp_path):
     junk = tmp_path / "junk.keras"
     junk.write_text("not a model")
-    with pytest.raises(EstimateError, match="is not a Keras model file"):
+    with pytest.raises(EstimateError, match="is not a .keras file: a .keras file is a zip"):
         memfit.estimate_memory(str(junk), 4)
     with pytest.raises(EstimateError, match="No model file"):
         memfit.estimate_memory(str(tmp_path / "missing.keras"), 4)
