@@ -35,6 +35,9 @@ BAD = [
       "Received: need='4GiB'"]),
     (GOOD.replace("command =", "# command ="), ["job 1 ('a'): missing command"]),
     (GOOD + GOOD, ["job 2: duplicate name 'a' (job 1 has it too)"]),
+    (GOOD.replace("need =", "nede =") + GOOD.replace('"100MiB"', '"lots"'),   # both bad too
+     ["3 problems", "unknown key 'nede'", "need is not a size",
+      "job 2: duplicate name 'a' (job 1 has it too)"]),
     (GOOD.replace('"100MiB"', '"lots"'), ["need is not a size", "Received: need='lots'"]),
     (GOOD.replace('"100MiB"', '-5'), ["need must be a non-negative", "Received: need=-5"]),
     ('budget = "much"\n' + GOOD, ["budget is not a size", "Received: budget='much'"]),

@@ -359,7 +359,8 @@ def _need(job: Job, target: _Target, problems: list[str]) -> tuple[bool, int | N
     if job.need_source == "auto":
         need, note = _estimate_need(job, target.device)
         if need is None:
-            problems.append(f"job {job.index} ({job.name!r}): need = 'auto': {note}. "
+            problems.append(f"job {job.index} ({job.name!r}): need = 'auto': "
+                            f"{note.rstrip('.')}. "
                             f"Give the need as a size instead, such as need = '2GiB'.")
             return False, None, note
     elif job.need_source == "learned":
