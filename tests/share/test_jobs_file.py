@@ -155,7 +155,12 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, capsys):
                  "16MiB", "--device", "cpu", "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert "budget 400.0 MiB (given)" in out and "316.0 MiB" in out
-    assert "starting together: b (316.0 MiB of 400.0 MiB)" in out
+    assert "starting first: b (316.0 MiB of 400.0 MiB); the other queues" in out
+    # both fit: nothing queues, and the plan does not say that something does
+    assert main(["share", str(path), "--dry-run", "--budget", "1GiB", "--overhead",
+                 "16MiB", "--device", "cpu", "--workdir", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert "starting together: b, a (432.0 MiB of 1.0 GiB)\n" in out, out
     assert not workdir.exists()
 
 

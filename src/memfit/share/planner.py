@@ -139,9 +139,12 @@ class Plan:
             lines.append(f"  {j.name:<{width}}  {need:>10}  {format_size(j.charge):>10}  "
                          f"{j.note}{extra}")
         wave = self.first_wave()
-        lines.append(f"  starting together: {', '.join(j.name for j in wave)} "
+        left = len(self.jobs) - len(wave)
+        rest = "; the rest queue" if left > 1 else "; the other queues" if left else ""
+        lines.append(f"  starting {'together' if len(wave) > 1 else 'first'}: "
+                     f"{', '.join(j.name for j in wave)} "
                      f"({format_size(sum(j.charge for j in wave))} of "
-                     f"{format_size(self.budget)}); the rest queue")
+                     f"{format_size(self.budget)}){rest}")
         lines += [f"  note: {w}" for w in self.warnings]
         return "\n".join(lines)
 
