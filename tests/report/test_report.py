@@ -269,3 +269,22 @@ def test_event_details_show_sizes_and_durations_not_raw_numbers(tmp_path):
     page = write_report(watch_log(tmp_path / "watch.jsonl")).html.read_text()
     assert "<td>exit 0</td><td>peak_rss=344.7 MiB, seconds=1 min 05 s</td>" in page
     assert "361476096" not in page
+
+
+def test_memfit_runs_max_rss_is_drawn_as_the_restart_threshold_not_a_budget(tmp_path,
+                                                                            monkeypatch):
+    """A stranger read memfit run's --max-rss line as a "budget": it is where a restart is
+    asked for, and the plot says so."""
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.axhline
+
+    def spy(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", spy)
+    leak_then_restart(tmp_path / "run.jsonl")
+    timeline(load(tmp_path / "run.jsonl"), tmp_path / "run.png")
+    assert [la for la in labels if la] == ["--max-rss (restart at) 2.5 GiB"], labels
