@@ -115,8 +115,13 @@ def _devices(data: RunData) -> list[tuple[int, str]]:
 
 
 def _pid_label(process: ProcessData) -> str:
-    label = f"pid {process.pid}"
-    program, _, rest = " ".join(process.command.split()).partition(" ")
+    # a memfit share job is named by its name: two jobs may run the same command
+    job = next((r for r in process.records
+                if r.get("event") == Event.JOB_START and r.get("job")), None)
+    label = f"job {job['job']}: pid {process.pid}" if job else f"pid {process.pid}"
+    given = job.get("command") if job else None
+    line = " ".join(map(str, given)) if isinstance(given, list) else process.command
+    program, _, rest = " ".join(line.split()).partition(" ")
     command = " ".join(filter(None, (os.path.basename(program), rest)))
     if command:
         label += f" ({command if len(command) <= 32 else command[:31] + '…'})"
