@@ -274,6 +274,17 @@ def _call_factory(factory: Any, source: str, input_shape: Any) -> Any:
                             f"Fix the function so that it returns a keras.Model.") from None
 
 
+def is_model_file(source: str | ModelSpec | Any) -> bool:
+    """Whether :func:`load` reads ``source`` from a saved model file (``.keras``...),
+    rather than calling a ``module:function`` or taking a live model."""
+    if isinstance(source, ModelSpec):
+        source = source.source
+    if not isinstance(source, str | os.PathLike):
+        return False
+    text = os.fspath(source)
+    return text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text)
+
+
 def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
          input_shape: Any = None) -> Any:
     """Loads or builds the model under ``dtype_policy`` (``None``: as saved/defined).
@@ -311,7 +322,7 @@ def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
                             f"Received: model={source!r} of type {type(source).__name__}")
     text = os.fspath(source)
     with policy_scope(dtype_policy):
-        if text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text):
+        if is_model_file(text):
             model = _load_file(Path(text))
             if dtype_policy is not None and _policy_name(model) != dtype_policy:
                 model = _clone_under(model, dtype_policy)
