@@ -213,3 +213,22 @@ def test_the_cli_names_an_option_its_own_way_first(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "or pass --overwrite (overwrite=True in Python) to replace it." in err, err
     assert "(--overwrite)" not in err
+
+
+def test_other_libraries_info_logs_are_not_printed_but_memfits_are(tmp_path):
+    """The CLI shows memfit's own INFO lines (the first estimate's calibration line), not
+    another library's (matplotlib's "generated new fontManager" on a fresh machine, when
+    Keras imports it)."""
+    code = ("import logging, sys\n"
+            "from memfit import cli\n"
+            "from memfit.cli import inspect_cmd\n"
+            "def run(args):\n"
+            "    logging.getLogger('matplotlib.font_manager').info('generated new fontManager')\n"
+            "    logging.getLogger('memfit.estimate').info('memfit: its own line')\n"
+            "inspect_cmd.run = run\n"
+            "sys.exit(cli.main(['inspect', 'x']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "memfit: its own line" in out.stderr
+    assert "fontManager" not in out.stderr

@@ -351,6 +351,31 @@ def test_other_keras_backends_read_plain_files_and_are_told_to_pack_compressed_o
     assert "\n" not in str(e.value)
 
 
+def test_on_another_backend_a_feature_left_out_need_not_have_a_fixed_shape(tmp_path,
+                                                                            monkeypatch):
+    """A stranger's files held a string id beside the data: features= without it was
+    refused for the id. Only the features returned must be fixed-shape numbers; with all
+    of them, the refusal says which to leave out."""
+    import tensorflow as tf
+
+    from memfit.data.read import dispatch
+
+    path = tmp_path / "ids.tfrecords"
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(10):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i + 0.5])),
+                "id": tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[f"sample-{i}".encode()]))})).SerializeToString())
+    monkeypatch.setattr(dispatch, "keras_backend", lambda: "jax")
+    feed = memfit.dataset([str(path)], 4, features=("x",), shuffle=False, epochs=1)
+    got = np.concatenate([np.asarray(feed[i]) for i in range(len(feed))])
+    assert np.array_equal(got.reshape(10, 2), [[i, i + 0.5] for i in range(10)])
+    with pytest.raises(DatasetError, match=r"feature 'id' is .* or leave it out with "
+                                           r"features=\('x',\)"):
+        memfit.dataset([str(path)], 4)
+
+
 def test_records_read_in_python_without_the_c_loop_are_the_same(tmp_path, monkeypatch):
     """Without memfit's C extension every record is read whole and decoded in Python by
     the pack's own code: the same batches as the C loop's reads in place."""

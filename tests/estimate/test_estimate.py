@@ -56,6 +56,7 @@ def test_the_loss_it_assumes_is_said_in_the_table_and_the_json(tiny_adam):
     [said] = e.assumptions
     assert said.startswith("loss mse on zero targets shaped like the outputs (the model "
                            "has no compiled loss as loaded")
+    assert ".keras file" not in said             # a function's model, not a file
     assert "no option for another loss" in said
     assert f"assumed: {said}" in str(e).splitlines()[:5]
     assert e.to_json()["assumptions"] == [said]
@@ -165,7 +166,7 @@ def test_bad_arguments_are_clear_errors(kwargs, message):
 def test_bad_models_are_clear_errors(tmp_path):
     junk = tmp_path / "junk.keras"
     junk.write_text("not a model")
-    with pytest.raises(EstimateError, match="is not a Keras model file"):
+    with pytest.raises(EstimateError, match="is not a .keras file: a .keras file is a zip"):
         memfit.estimate_memory(str(junk), 4)
     with pytest.raises(EstimateError, match="No model file"):
         memfit.estimate_memory(str(tmp_path / "missing.keras"), 4)
@@ -210,4 +211,6 @@ def test_a_saved_keras_file_loads_and_matches(tmp_path):
     tiny().save(path)
     e = memfit.estimate_memory(str(path), 16, optimizer="adam")
     assert e.weights == WEIGHTS and e.optimizer_slots == 2 * WEIGHTS + SCALARS
+    [said] = e.assumptions
+    assert "a .keras file is loaded without its compile settings" in said
     keras.backend.clear_session()

@@ -269,3 +269,49 @@ def test_event_details_show_sizes_and_durations_not_raw_numbers(tmp_path):
     page = write_report(watch_log(tmp_path / "watch.jsonl")).html.read_text()
     assert "<td>exit 0</td><td>peak_rss=344.7 MiB, seconds=1 min 05 s</td>" in page
     assert "361476096" not in page
+
+
+def test_memfit_runs_max_rss_is_drawn_as_the_restart_threshold_not_a_budget(tmp_path,
+                                                                            monkeypatch):
+    """A stranger read memfit run's --max-rss line as a "budget": it is where a restart is
+    asked for, and the plot says so."""
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.axhline
+
+    def spy(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", spy)
+    leak_then_restart(tmp_path / "run.jsonl")
+    timeline(load(tmp_path / "run.jsonl"), tmp_path / "run.png")
+    assert [la for la in labels if la] == ["--max-rss (restart at) 2.5 GiB"], labels
+
+
+def test_share_jobs_running_the_same_command_are_told_apart_by_name(tmp_path, monkeypatch):
+    """A stranger's two memfit share jobs ran the same command: the legend named only pids
+    and that command, so the lines looked alike. Each job's line carries its name."""
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    path = tmp_path / "share.jsonl"
+    with MemoryLog(path, source="share", header=False) as log:
+        start(log, 1, source="share", command="memfit share jobs.toml")
+        for pid, name in ((101, "small"), (102, "large")):
+            log.write("job_start", pid=pid, t=T0 + 0.5, job=name, command=["python", "t.py"])
+            for i in range(5):
+                log.write("sample", pid=pid, t=T0 + 1 + i, scope="tree",
+                          rss=(200 + i) * MiB, rss_anon=(100 + i) * MiB, rss_file=100 * MiB)
+    timeline(load(path), tmp_path / "share.png")
+    named = [la for la in labels if la and "pid 10" in la]
+    assert named == ["job small: pid 101 (python t.py)", "job large: pid 102 (python t.py)"], \
+        labels

@@ -35,6 +35,9 @@ BAD = [
       "Received: need='4GiB'"]),
     (GOOD.replace("command =", "# command ="), ["job 1 ('a'): missing command"]),
     (GOOD + GOOD, ["job 2: duplicate name 'a' (job 1 has it too)"]),
+    (GOOD.replace("need =", "nede =") + GOOD.replace('"100MiB"', '"lots"'),   # both bad too
+     ["3 problems", "unknown key 'nede'", "need is not a size",
+      "job 2: duplicate name 'a' (job 1 has it too)"]),
     (GOOD.replace('"100MiB"', '"lots"'), ["need is not a size", "Received: need='lots'"]),
     (GOOD.replace('"100MiB"', '-5'), ["need must be a non-negative", "Received: need=-5"]),
     ('budget = "much"\n' + GOOD, ["budget is not a size", "Received: budget='much'"]),
@@ -152,7 +155,12 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, capsys):
                  "16MiB", "--device", "cpu", "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert "budget 400.0 MiB (given)" in out and "316.0 MiB" in out
-    assert "starting together: b (316.0 MiB of 400.0 MiB)" in out
+    assert "starting first: b (316.0 MiB of 400.0 MiB); the other queues" in out
+    # both fit: nothing queues, and the plan does not say that something does
+    assert main(["share", str(path), "--dry-run", "--budget", "1GiB", "--overhead",
+                 "16MiB", "--device", "cpu", "--workdir", str(workdir)]) == 0
+    out = capsys.readouterr().out
+    assert "starting together: b, a (432.0 MiB of 1.0 GiB)\n" in out, out
     assert not workdir.exists()
 
 

@@ -74,10 +74,15 @@ def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return make_reference(data, tmp_path_factory)
 
 
-def test_restart_every_epoch_equals_an_uninterrupted_run(data, reference, tmp_path):
+def test_restart_every_epoch_equals_an_uninterrupted_run(data, reference, tmp_path, capfd):
     result = memfit.run(command(data, tmp_path / "out"), workdir=tmp_path / "wd",
                         restart_every=1, out=False)
     assert result.finished and result.exit_code == 0
+    # fit(verbose=0) has no progress bar to end: no blank line before the session's
+    # "checkpointed at ..." (a stranger saw one before every restart)
+    lines = capfd.readouterr().err.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("memfit: checkpointed at")]
+    assert len(said) == EPOCHS - 1 and all(lines[i - 1].strip() for i in said), lines
     assert len(result.children) == EPOCHS
     assert result.restarts == {"every 1 epoch": EPOCHS - 1}
     assert result.epoch == EPOCHS

@@ -67,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     before = list(logging.getLogger().handlers)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    # memfit's own INFO lines, not another library's (matplotlib's "generated new
+    # fontManager" on a fresh machine, imported by Keras).
+    logging.getLogger("memfit").setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:
         if handler not in before:          # the one made here, not another program's
             handler.setFormatter(CliSpelling("%(message)s"))   # "--overwrite (overwrite=...)"

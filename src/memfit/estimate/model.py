@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -218,9 +219,22 @@ def _load_file(path: Path) -> Any:
     try:
         return keras.saving.load_model(path, compile=False)
     except Exception as e:          # noqa: BLE001 - any failure means "not a Keras model"
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if path.suffix == ".keras" and not zipfile.is_zipfile(path):
+            # Keras says "File not found" of a file that is there but is not a zip archive
+            raise EstimateError(f"{str(path)!r} is not a .keras file: a .keras file is a zip "
+                                f"archive, this one is not. Give a file saved with "
+                                f"model.save('model.keras'), or module:function returning a "
+                                f"model.") from None
+        if zipfile.is_zipfile(path):
+            raise EstimateError(f"Keras could not rebuild the model saved in {str(path)!r} "
+                                f"({why.rstrip('.')}). A model with a custom layer or object "
+                                f"loads only where that class is registered "
+                                f"(@keras.saving.register_keras_serializable()) and imported; "
+                                f"give module:function returning the model instead "
+                                f"(memfit estimate mymodels:build_model).") from None
         raise EstimateError(f"{str(path)!r} is not a Keras model file that Keras can load "
-                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-                            f"Give a file saved with model.save('model.keras'), or "
+                            f"({why}). Give a file saved with model.save('model.keras'), or "
                             f"module:function returning a model.") from None
 
 
@@ -260,6 +274,17 @@ def _call_factory(factory: Any, source: str, input_shape: Any) -> Any:
                             f"Fix the function so that it returns a keras.Model.") from None
 
 
+def is_model_file(source: str | ModelSpec | Any) -> bool:
+    """Whether :func:`load` reads ``source`` from a saved model file (``.keras``...),
+    rather than calling a ``module:function`` or taking a live model."""
+    if isinstance(source, ModelSpec):
+        source = source.source
+    if not isinstance(source, str | os.PathLike):
+        return False
+    text = os.fspath(source)
+    return text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text)
+
+
 def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
          input_shape: Any = None) -> Any:
     """Loads or builds the model under ``dtype_policy`` (``None``: as saved/defined).
@@ -297,7 +322,7 @@ def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
                             f"Received: model={source!r} of type {type(source).__name__}")
     text = os.fspath(source)
     with policy_scope(dtype_policy):
-        if text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text):
+        if is_model_file(text):
             model = _load_file(Path(text))
             if dtype_policy is not None and _policy_name(model) != dtype_policy:
                 model = _clone_under(model, dtype_policy)

@@ -21,6 +21,7 @@ from memfit.estimate.model import (
     EstimateError,
     ensure_built,
     input_specs,
+    is_model_file,
     load,
     policy_scope,
     target_specs,
@@ -113,18 +114,20 @@ def _loss_name(loss: Any) -> str:
     return ", ".join(names) or "none"
 
 
-def loss_assumption(loss: str, model: Any) -> str:
+def loss_assumption(loss: str, model: Any, *, from_file: bool = False) -> str:
     """The line that says which loss the step trains with when it is not the model's
     own ("" when it is): a model not compiled, or compiled with another loss.
 
     Args:
         loss: the loss the step compiles with.
         model: the model as loaded, before the step compiles it.
+        from_file: the model was loaded from a ``.keras`` file (which is loaded without
+            its compile settings), not built by a function or given live.
     """
     own = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
-    why = ("the model has no compiled loss as loaded: a .keras file is loaded without "
-           "its compile settings" if own is None else
-           f"in place of the model's compiled loss, {_loss_name(own)}")
+    why = (("the model has no compiled loss as loaded" + (
+        ": a .keras file is loaded without its compile settings" if from_file else ""))
+        if own is None else f"in place of the model's compiled loss, {_loss_name(own)}")
     if own is not None and all(n.strip() in _MSE for n in _loss_name(own).split(",")):
         return ""
     return (f"loss {loss} on zero targets shaped like the outputs ({why}: the estimate "
@@ -149,7 +152,7 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
         EstimateError: see :func:`memfit.estimate.model.load`.
     """
     model = load(source, dtype_policy, input_shape=input_shape)
-    assumed = loss_assumption(loss, model)
+    assumed = loss_assumption(loss, model, from_file=is_model_file(source))
     with policy_scope(dtype_policy):
         specs = input_specs(model, input_shape)
         outputs = ensure_built(model, specs)

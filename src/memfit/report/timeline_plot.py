@@ -38,7 +38,9 @@ _DEVICE_COLORS = ("#ff7f0e", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564
 _MARK_COLORS = {Event.RESTART: "#d62728", Event.STOP: "#9467bd", Event.EXIT: "#444444"}
 _MAX_PIDS_IN_LEGEND = 8
 _MAX_EPOCH_MARKS = 30
-_BUDGET_KEYS = ("max_rss", "memory_budget", "budget")
+# the limit drawn, and its name on the plot (memfit run's --max-rss is a restart threshold)
+_BUDGET_KEYS = {"max_rss": "--max-rss (restart at)", "memory_budget": "memory budget",
+                "budget": "budget"}
 
 
 def format_duration(seconds: float) -> str:
@@ -113,8 +115,13 @@ def _devices(data: RunData) -> list[tuple[int, str]]:
 
 
 def _pid_label(process: ProcessData) -> str:
-    label = f"pid {process.pid}"
-    program, _, rest = " ".join(process.command.split()).partition(" ")
+    # a memfit share job is named by its name: two jobs may run the same command
+    job = next((r for r in process.records
+                if r.get("event") == Event.JOB_START and r.get("job")), None)
+    label = f"job {job['job']}: pid {process.pid}" if job else f"pid {process.pid}"
+    given = job.get("command") if job else None
+    line = " ".join(map(str, given)) if isinstance(given, list) else process.command
+    program, _, rest = " ".join(line.split()).partition(" ")
     command = " ".join(filter(None, (os.path.basename(program), rest)))
     if command:
         label += f" ({command if len(command) <= 32 else command[:31] + '…'})"
@@ -204,8 +211,8 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
     """Anonymous RSS (solid) and file-backed RSS (dashed), one colour per process."""
     host_max = max((v for p in processes for r in p.samples
                     for v in (anon(r), number(r.get("rss_file"))) if v is not None), default=0)
-    budget = next((number(data.start.get(k)) for k in _BUDGET_KEYS
-                   if number(data.start.get(k))), None)
+    key = next((k for k in _BUDGET_KEYS if number(data.start.get(k))), None)
+    budget = number(data.start.get(key)) if key else None
     top = max(host_max, budget or 0)
     factor = _size_axis(ax, top)
     peak = (None, None, -1.0)
@@ -229,7 +236,7 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
     ax.plot([], [], color="black", lw=1.1, ls="--", label="file-backed RSS")
     if budget:
         ax.axhline(budget / factor, color="#d62728", lw=1, ls=":",
-                   label=f"budget {format_size(budget)}")
+                   label=f"{_BUDGET_KEYS[key or 'budget']} {format_size(budget)}")
     if peak[0] is not None:
         ax.plot([peak[0]], [peak[1]], "o", ms=4, color="0.2", zorder=3)
         ax.annotate(f"peak {format_size(peak[2])}", (peak[0], peak[1]), xytext=(-40, 4),

@@ -314,15 +314,18 @@ def parse_jobs(data: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
     seen: dict[str, int] = {}
     for index, entry in enumerate(entries, start=1):
         job = _job(entry, index, problems)
-        if job is None:
-            continue
-        if job.name in seen:
-            problems.append(f"job {index}: duplicate name {job.name!r} (job {seen[job.name]} "
+        # the name as written: a job with other problems can still repeat a name
+        name = job.name if job is not None else (
+            entry.get("name") if isinstance(entry, dict) else None)
+        if isinstance(name, str) and name in seen:
+            problems.append(f"job {index}: duplicate name {name!r} (job {seen[name]} "
                             f"has it too): names must be unique, each names the job's "
                             f"directory and its lines in the log")
             continue
-        seen[job.name] = index
-        jobs.append(job)
+        if isinstance(name, str):
+            seen[name] = index
+        if job is not None:
+            jobs.append(job)
     if problems:
         raise JobsFileError(format_problems(source, problems), problems)
     return JobsSpec(jobs=tuple(jobs), budget=budget, device=device, overhead=overhead,

@@ -139,9 +139,12 @@ class Plan:
             lines.append(f"  {j.name:<{width}}  {need:>10}  {format_size(j.charge):>10}  "
                          f"{j.note}{extra}")
         wave = self.first_wave()
-        lines.append(f"  starting together: {', '.join(j.name for j in wave)} "
+        left = len(self.jobs) - len(wave)
+        rest = "; the rest queue" if left > 1 else "; the other queues" if left else ""
+        lines.append(f"  starting {'together' if len(wave) > 1 else 'first'}: "
+                     f"{', '.join(j.name for j in wave)} "
                      f"({format_size(sum(j.charge for j in wave))} of "
-                     f"{format_size(self.budget)}); the rest queue")
+                     f"{format_size(self.budget)}){rest}")
         lines += [f"  note: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -359,7 +362,8 @@ def _need(job: Job, target: _Target, problems: list[str]) -> tuple[bool, int | N
     if job.need_source == "auto":
         need, note = _estimate_need(job, target.device)
         if need is None:
-            problems.append(f"job {job.index} ({job.name!r}): need = 'auto': {note}. "
+            problems.append(f"job {job.index} ({job.name!r}): need = 'auto': "
+                            f"{note.rstrip('.')}. "
                             f"Give the need as a size instead, such as need = '2GiB'.")
             return False, None, note
     elif job.need_source == "learned":

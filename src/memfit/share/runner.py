@@ -87,7 +87,7 @@ def share(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec | Pla
         >>> result = memfit.share_jobs("examples/jobs.toml", budget="1GiB",
         ...                       overhead="16MiB", workdir="runs/share")  # doctest: +SKIP
         >>> print(result)                                                 # doctest: +SKIP
-        >>> result["small"].peak, result.makespan, result.serial          # doctest: +SKIP
+        >>> result["mlp-64"].peak, result.makespan, result.serial          # doctest: +SKIP
 
     Args:
         jobs: a jobs file (TOML, see :mod:`memfit.share.jobs`), a list of job dicts

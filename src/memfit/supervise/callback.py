@@ -445,7 +445,10 @@ class SessionCallback(keras.callbacks.Callback):
         code = 128 + s.preempted if s.preempted else exitcodes.RESTART
         if s.verbose:
             why = "after the signal" if s.preempted else "for a restart"
-            print(f"\nmemfit: checkpointed at {where(epoch, step)}; exiting with code "
+            # A new line ends Keras's progress bar, where there is one (verbose=1).
+            bar = "\n" if getattr(self, "params", None) and self.params.get("verbose") == 1 \
+                else ""
+            print(f"{bar}memfit: checkpointed at {where(epoch, step)}; exiting with code "
                   f"{code} {why} ({reason})", file=sys.stderr)
         s.log.close()
         # The checkpoint is on disk: leave at once. A normal exit would unwind the

@@ -142,7 +142,13 @@ class RunResult:
             if self.checkpointed else ""
         lines = [f"memfit run: {cmd} {state}{done} in {self.duration:.1f} s, {restarts} "
                  f"restart{'s' if restarts != 1 else ''}" + (f" ({by})" if by else "")]
-        if not self.checkpointed:
+        if not self.checkpointed and not self.finished and self.children and all(
+                c.cause == Cause.CRASH for c in self.children):
+            # every process crashed before it checkpointed: whether the script trains in
+            # memfit.session() is not known (a stranger's crashed at `import keras`)
+            lines.append("  Note: no process wrote a checkpoint: each crashed first (its "
+                         "output is above), so memfit run restarted it from the start.")
+        elif not self.checkpointed:
             # a stranger's --restart-every 1 on a plain script: 40 epochs in one process,
             # and "finished after 0 epochs"
             lines.append("  Note: the command wrote no checkpoint (it does not train inside "

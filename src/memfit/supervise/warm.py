@@ -242,8 +242,13 @@ class WarmParent:
         if message is None or message.get("event") != "ready":
             self.close()
             why = message.get("error") if message else None
+            code = self.proc.poll()
+            if why is None and code == 3:           # the ImportError above
+                why = (f"{self.plan.python} cannot import memfit: it is not the Python that "
+                       f"memfit is installed in ({sys.executable}); give that one's path, "
+                       f"or activate its environment")
             raise WarmStartError(why or f"the warm parent ended before it was ready "
-                                 f"(exit {self.proc.poll()})")
+                                 f"(exit {code})")
         self.ready = message
         return self
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from memfit.data.format.manifest import check_feature_name
 from memfit.errors import DatasetError
 
 __all__ = ["csv_to_npy"]
@@ -21,8 +22,10 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
     """Converts a CSV file to ``.npy`` columns in ``workdir`` in two streamed passes.
 
     Columns are typed by content: all integers → int64, otherwise numbers → float32; an
-    empty or non-numeric cell is an error naming the row and column. With ``label``, the
-    label column becomes feature ``y`` and the other columns are stacked into ``x``
+    empty or non-numeric cell is an error naming the row and column. A UTF-8 byte-order
+    mark (Excel's "CSV UTF-8") is not part of the first column's name, blank lines are
+    skipped, and an integer column is read as integers even beside float columns. With
+    ``label``, the label column becomes feature ``y`` and the other columns are stacked into ``x``
     (float32, one vector per row); otherwise each column is its own feature.
 
     Example:
@@ -52,7 +55,7 @@ def _scan_csv(path: str, delimiter: str,
     """The first pass: the header, whether each column holds integers only, and the
     number of rows; every cell is checked to be a number."""
     try:
-        f = open(path, newline="", encoding="utf-8")
+        f = open(path, newline="", encoding="utf-8-sig")
     except FileNotFoundError:
         raise DatasetError(f"No such CSV file: {path!r}.") from None
     with f:
@@ -64,22 +67,31 @@ def _scan_csv(path: str, delimiter: str,
         if label is not None and label not in header:
             raise DatasetError(f"CSV file {path!r} has no column {label!r}; columns are "
                                f"{header}. Received: label={label!r}")
+        _check_header(path, header, label)
         is_int = [True] * len(header)
         rows = 0
         for line_no, row in enumerate(reader, start=2):
+            if not row:
+                continue                                    # a blank line
             if len(row) != len(header):
                 raise DatasetError(f"CSV file {path!r} line {line_no} has {len(row)} cells; "
                                    f"the header has {len(header)}.")
             for j, cell in enumerate(row):
                 try:
                     if is_int[j]:
-                        int(cell)
+                        if not -2**63 <= int(cell) < 2**63:
+                            raise ValueError(cell)              # beyond int64: a float
                         continue
                 except ValueError:
                     is_int[j] = False
                 try:
                     float(cell)
                 except ValueError:
+                    if not cell.strip():
+                        raise DatasetError(
+                            f"CSV file {path!r} line {line_no} column {header[j]!r} is "
+                            f"empty (a missing value). memfit packs numeric CSV cells; fill "
+                            f"or drop missing values first (NaN is accepted).") from None
                     raise DatasetError(
                         f"CSV file {path!r} line {line_no} column {header[j]!r} is not a "
                         f"number: {cell!r}. memfit packs numeric CSV columns; encode "
@@ -88,6 +100,29 @@ def _scan_csv(path: str, delimiter: str,
     if rows == 0:
         raise DatasetError(f"CSV file {path!r} has a header but no rows.")
     return header, is_int, rows
+
+
+def _check_header(path: str, header: list[str], label: str | None) -> None:
+    """Without ``label`` each column is a feature: its name must be one, and unique."""
+    if label is not None:
+        names = [h for h in header if h != label]
+        if len(names) != len(header) - 1:
+            raise DatasetError(f"CSV file {path!r} has {len(header) - len(names)} columns "
+                               f"named {label!r}, the label; rename all but one.")
+        return
+    seen: set[str] = set()
+    for h in header:
+        if h in seen:
+            raise DatasetError(f"CSV file {path!r} has two columns named {h!r}; each column "
+                               f"becomes a feature of its name: rename one (or pass --label "
+                               f"to stack the columns into x).")
+        seen.add(h)
+        try:
+            check_feature_name(h)
+        except DatasetError:
+            raise DatasetError(f"CSV file {path!r} has a column named {h!r}: a feature name "
+                               f"must be non-empty and without '/'. Rename it in the header "
+                               f"(or pass --label to stack the columns into x).") from None
 
 
 def _csv_features(header: list[str], is_int: list[bool], rows: int,
@@ -107,20 +142,24 @@ def _fill_from_csv(out: dict[str, np.ndarray], path: str, delimiter: str, header
         j_label = header.index(label)
         x_cols = [j for j in range(len(header)) if j != j_label]
     chunk = 65536
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = (row for row in csv.reader(f, delimiter=delimiter) if row)
         next(reader)
         start = 0
         while True:
             block = list(itertools.islice(reader, chunk))
             if not block:
                 break
-            table = np.array(block, dtype=np.float64 if not all(is_int) else np.int64)
+            cells = np.array(block, dtype=str)
+            # int64 from the text itself: through float64, 2**53 + 1 became 2**53
+            cols = [cells[:, j].astype(np.int64 if is_int[j] else np.float64)
+                    for j in range(len(header))]
             stop = start + len(block)
             if label is not None:
-                out["x"][start:stop] = table[:, x_cols]
-                out["y"][start:stop] = table[:, j_label]
+                for k, j in enumerate(x_cols):
+                    out["x"][start:stop, k] = cols[j]
+                out["y"][start:stop] = cols[j_label]
             else:
                 for j, h in enumerate(header):
-                    out[h][start:stop] = table[:, j]
+                    out[h][start:stop] = cols[j]
             start = stop

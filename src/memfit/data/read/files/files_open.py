@@ -91,12 +91,18 @@ def open_in_place(path: Any, batch_size: int, *, features: Sequence[str] | None 
     seed = check_seed(0 if seed is None else seed)
     shard = check_shard(shard, input_context)
     files = open_files(path, on_corrupt=on_corrupt)
-    odd = [f for f in files.spec.values() if f.kind in ("image", "bytes") or None in f.shape]
-    if odd:
-        raise DatasetError(f"memfit.dataset streams TFRecord files in place when every "
-                           f"feature has a fixed shape; feature {odd[0].name!r} is "
-                           f"{odd[0]}. Pack the files first: {pack_command(files)}")
     names = check_features(features, files.spec, files.describe())
+    # Only the features returned must be fixed-shape numbers: one left out by features=
+    # (a string id beside the data) is not read.
+    odd = [files.spec[n] for n in (names if names is not None else files.spec)
+           if files.spec[n].kind in ("image", "bytes") or None in files.spec[n].shape]
+    if odd:
+        fixed = [n for n in files.spec if files.spec[n] not in odd]
+        leave = (f", or leave it out with features={tuple(fixed)!r}"
+                 if fixed and names is None else "")
+        raise DatasetError(f"memfit.dataset streams TFRecord files in place when every "
+                           f"feature it returns has a fixed shape; feature {odd[0].name!r} "
+                           f"is {odd[0]}. Pack the files first: {pack_command(files)}{leave}")
     if shard is not None:
         index, count = shard
         if count > len(files.files):

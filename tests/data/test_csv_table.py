@@ -1,0 +1,49 @@
+"""CSV files a user exports: Excel's byte-order mark, blank lines, large integer ids,
+duplicate or unusable column names, missing values."""
+
+import numpy as np
+import pytest
+
+from memfit.data.sources.csv_table import csv_to_npy
+from memfit.errors import DatasetError
+
+
+def _columns(tmp_path, text, label=None, encoding="utf-8"):
+    (tmp_path / "t.csv").write_text(text, encoding=encoding)
+    paths = csv_to_npy(str(tmp_path / "t.csv"), tmp_path / "npy", label=label)
+    return {name: np.load(p) for name, p in paths.items()}
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
+    cols = _columns(tmp_path, "target,a\n0,1\n1,2\n", label="target", encoding="utf-8-sig")
+    assert cols["y"].tolist() == [0, 1] and cols["x"].tolist() == [[1.0], [2.0]]
+    cols = _columns(tmp_path, "a,b\n1,2\n3,4\n", encoding="utf-8-sig")
+    assert sorted(cols) == ["a", "b"]
+
+
+def test_blank_lines_are_skipped(tmp_path):
+    cols = _columns(tmp_path, "a,b\n1,2\n\n3,4\n\n")
+    assert cols["a"].tolist() == [1, 3] and cols["b"].tolist() == [2, 4]
+
+
+def test_an_integer_column_beside_a_float_column_keeps_its_values(tmp_path):
+    cols = _columns(tmp_path, "id,a\n9007199254740993,1.5\n2,2.5\n")
+    assert cols["id"].dtype == np.int64 and cols["id"].tolist() == [9007199254740993, 2]
+    cols = _columns(tmp_path, "a,b\n99999999999999999999,1\n2,2\n")    # beyond int64: float
+    assert cols["a"].dtype == np.float32 and cols["a"][0] == np.float32(1e20)
+
+
+@pytest.mark.parametrize("header, label, words", [
+    ("a,a,b", None, "two columns named 'a'"),
+    ("a,,b", None, "a column named ''"),
+    ("a,b/lengths,c", None, "a column named 'b/lengths'"),
+    ("target,a,target", "target", "2 columns named 'target'"),
+])
+def test_column_names_that_cannot_be_features_are_refused(tmp_path, header, label, words):
+    with pytest.raises(DatasetError, match=words):
+        _columns(tmp_path, header + "\n1,2,3\n", label=label)
+
+
+def test_an_empty_cell_is_named_a_missing_value(tmp_path):
+    with pytest.raises(DatasetError, match="line 3 column 'b' is empty .a missing value"):
+        _columns(tmp_path, "a,b\n1,2\n3,\n")
