@@ -297,3 +297,19 @@ def test_a_pack_still_writing_into_the_directory_is_not_replaced(setting):
         _pack_new(out)
     busy.unlink()
     assert _files(out) == old and sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("fmt", ["shards", "arrays"])
+def test_the_progress_bar_names_the_dataset_and_stays_out_of_logs(setting, monkeypatch,
+                                                                  capsys, fmt):
+    """`make demo > log` kept 17 redraws of a bar named `pack .out.memfit-new` (the
+    staging sibling of an overwrite, a directory the user never made) in the log. On a
+    terminal the bar names the dataset; in a file or a pipe there is none."""
+    out, _, _ = setting
+    kw = {} if fmt == "shards" else {"format": "arrays"}
+    memfit.pack(small_arrays(400, seed=2), out, overwrite=True, progress=True, **kw)
+    assert capsys.readouterr().err == ""                # stderr is not a terminal here
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    memfit.pack(small_arrays(400, seed=3), out, overwrite=True, progress=True, **kw)
+    err = capsys.readouterr().err
+    assert "pack out:" in err and "memfit-new" not in err, err

@@ -35,6 +35,7 @@ from memfit.atomic import file_sha256
 from memfit.data.format.arrays_format import ArrayFile, ArraysManifest, ArraysSplit
 from memfit.data.packing.pack_options import CHUNK_BYTES, PackOptions, progress_bar, split_order
 from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.pack_replace import shown_name
 from memfit.data.packing.pack_writing import HashingWriter
 from memfit.data.sources.columns import ArraySource
 from memfit.errors import DatasetError
@@ -137,7 +138,7 @@ def pack_arrays(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
     _refuse_theirs(src, out, parts, done, state)
     splits: dict[str, ArraysSplit] = {}
     reused = 0
-    bar = progress_bar(src.length, progress, f"pack {out.name}")
+    bar = progress_bar(src.length, progress, f"pack {shown_name(out)}")
     try:
         for name, idx in parts:
             files = _kept(src, out, name, done)

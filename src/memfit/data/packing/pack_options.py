@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -354,8 +355,11 @@ def gather(src: ArraySource, indices: np.ndarray) -> dict[str, Any]:
 
 
 def progress_bar(total: int | None, enabled: bool, what: str) -> Any:
-    """A tqdm bar of samples on stderr (disabled: does nothing)."""
+    """A tqdm bar of samples on stderr, drawn only on a terminal (disabled, or stderr a
+    file or a pipe: does nothing). In a log its redraws are noise: ``make demo > log``
+    kept 17 of them, each a line long, before the summary line; ``memfit verify`` does
+    the same."""
     from tqdm import tqdm
 
-    return tqdm(total=total, disable=not enabled, unit=" samples", unit_scale=True,
-                desc=what, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, disable=not enabled or not sys.stderr.isatty(),
+                unit=" samples", unit_scale=True, desc=what, dynamic_ncols=True, leave=False)

@@ -42,8 +42,8 @@ from memfit.data.format.manifest import MANIFEST, is_shard_name
 from memfit.data.packing.pack_output import STATE, remove, undo
 from memfit.errors import DatasetError
 
-__all__ = ["Staging", "staging_path", "old_path", "holds_pack", "check_replaceable",
-           "recover", "remove_leftovers"]
+__all__ = ["Staging", "staging_path", "old_path", "shown_name", "holds_pack",
+           "check_replaceable", "recover", "remove_leftovers"]
 
 _NEW = ".memfit-new"
 _OLD = ".memfit-old"
@@ -54,6 +54,21 @@ _RENAME_EXCHANGE = 2
 def staging_path(out: Path) -> Path:
     """Where the new dataset replacing ``out`` is packed: ``.<name>.memfit-new`` beside it."""
     return out.with_name(f".{out.name}{_NEW}")
+
+
+def shown_name(path: Path) -> str:
+    """The name a user knows ``path`` by: the dataset's own name for its staging sibling
+    (a progress bar that said ``pack .data.memfit-new`` named a directory the user never
+    made), ``path.name`` otherwise.
+
+    Example:
+        >>> shown_name(staging_path(Path("runs/data"))), shown_name(Path("runs/data"))
+        ('data', 'data')
+    """
+    name = path.name
+    if name.startswith(".") and name.endswith(_NEW) and len(name) > len(_NEW) + 1:
+        return name[1:-len(_NEW)]
+    return name
 
 
 def old_path(out: Path) -> Path:

@@ -56,6 +56,7 @@ from memfit.data.packing.pack_options import (
     split_order,
 )
 from memfit.data.packing.pack_output import save_state
+from memfit.data.packing.pack_replace import shown_name
 from memfit.data.packing.pack_writing import (
     HashingWriter,
     WritePipe,
@@ -426,7 +427,7 @@ def pack_shards(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
     done = _Finished(out, state, fingerprint)
     compression = options.compression
     todo = [job for job in jobs if job.file(compression) not in done.shards]
-    bar = progress_bar(src.length, progress, f"pack {out.name}")
+    bar = progress_bar(src.length, progress, f"pack {shown_name(out)}")
     bar.update(src.length - sum(len(job.indices) for job in todo))
     try:
         if options.workers == 1 or len(todo) <= 1:
@@ -539,7 +540,7 @@ def pack_stream(src: StreamSource, out: Path, options: PackOptions, progress: bo
     if options.shards is not None:
         raise DatasetError(f"An iterable source has no known length: give shard_size instead "
                            f"of shards. Received: shards={options.shards!r}")
-    bar = progress_bar(None, progress, f"pack {out.name}")
+    bar = progress_bar(None, progress, f"pack {shown_name(out)}")
     shards = _StreamShards(src, out, options, rng, bar.update)
     buffer: list[dict] = []
     held = 0
