@@ -134,3 +134,23 @@ def test_limit_arenas_only_lowers_and_rejects_bad_counts():
     assert limit_arenas(first + 10) == first                 # never raised again
     with pytest.raises(ValueError, match="count=0"):
         limit_arenas(0)
+
+
+def test_the_verdict_comes_after_the_epoch_it_judged(tmp_path, capsys, monkeypatch):
+    """Keras runs a user's callbacks before its progress bar, so a verdict printed in
+    on_epoch_end came above the epoch it judged, after a blank line (make demo: `Epoch
+    10/10`, a blank line, `memfit: stable ...`, then `282/282 - 10s ...`). It now follows
+    the epoch's line, at the next epoch's start or at the end of training."""
+    monkeypatch.setattr(sys, "stderr", sys.stdout)       # one stream, in the order written
+    monitor = memfit.MemoryMonitor(tmp_path, warmup_epochs=1)
+    tiny_model().fit(np.ones((64, 4)), np.ones(64), batch_size=16, epochs=7, verbose=2,
+                     callbacks=[monitor])
+    lines = capsys.readouterr().out.splitlines()
+    judged = [r["epoch"] for r in read_log(tmp_path / "memory.jsonl")
+              if r["event"] == "verdict"]
+    assert judged, lines
+    for epoch in judged:
+        at = lines.index(f"Epoch {epoch + 1}/7")
+        assert lines[at + 1].startswith("4/4 - "), lines[at:at + 3]     # the epoch's line
+        assert lines[at + 2].startswith("memfit: "), lines[at:at + 3]   # then the verdict
+    assert "" not in lines[:lines.index("Epoch 7/7") + 2], lines

@@ -24,7 +24,21 @@ from memfit.memory.probe import extended_record
 from memfit.sizes import format_size, parse_size
 from memfit.workdir import Workdir, default_workdir
 
-__all__ = ["MemoryMonitor"]
+__all__ = ["MemoryMonitor", "say_pending"]
+
+# Monitors holding lines until Keras has printed the epoch (MemoryMonitor.say_pending).
+_WAITING: dict[int, MemoryMonitor] = {}
+
+
+def say_pending() -> None:
+    """Prints what every :class:`MemoryMonitor` still holds back: called before a process
+    leaves in the middle of ``fit`` (a restart, a signal), after the epoch's line.
+
+    Example:
+        >>> say_pending()          # nothing held: prints nothing
+    """
+    for monitor in list(_WAITING.values()):
+        monitor.say_pending()
 
 _ON_LEAK = ("warn", "stop", "restart")
 _DEVICE_LEAK = (
@@ -137,6 +151,8 @@ class MemoryMonitor(keras.callbacks.Callback):
         self._release = ReleaseProbe()
         self._releases_logged = 0
         self._log_shown = False
+        self._pending: list[str] = []     # lines said once Keras has printed the epoch
+        self._deferring = False
 
     @property
     def log_path(self):
@@ -162,7 +178,31 @@ class MemoryMonitor(keras.callbacks.Callback):
                 tf.summary.scalar(f"memory/gpu_peak/{name}", info["peak"])
         self._writer.flush()
 
+    # -- what it says ----------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        """Prints ``text`` on stderr; inside ``on_epoch_end`` under a progress bar, once
+        Keras has printed the epoch's line (:meth:`say_pending`)."""
+        if self._deferring:
+            self._pending.append(text)
+            _WAITING[id(self)] = self
+        else:
+            print(text, file=sys.stderr)
+
+    def say_pending(self) -> None:
+        """Prints what :meth:`on_epoch_end` held back. Keras runs the callbacks a user
+        passes before its own progress bar, so a verdict printed there came above the
+        epoch it judged (``Epoch 10/10``, the verdict, then ``282/282 - 10s ...``); it is
+        said at the next epoch's start, at the end of training, or before a restart's
+        exit (:func:`say_pending`)."""
+        _WAITING.pop(id(self), None)
+        lines, self._pending = self._pending, []
+        for text in lines:
+            print(text, file=sys.stderr)
+
     # -- Keras hooks -----------------------------------------------------------------------
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.say_pending()
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._release.disarm()
         if self.log is None:
@@ -190,6 +230,14 @@ class MemoryMonitor(keras.callbacks.Callback):
             self._sample("batch", step=self._step, batch=batch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        # Keras's progress bar (verbose 1 or 2) prints the epoch's line after this.
+        self._deferring = bool((getattr(self, "params", None) or {}).get("verbose"))
+        try:
+            self._epoch_end(epoch)
+        finally:
+            self._deferring = False
+
+    def _epoch_end(self, epoch: int) -> None:
         if self.log is None:
             self.on_train_begin()
         if self.trim == "epoch":
@@ -245,7 +293,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             assert self.log is not None
             self.log.write(Event.VERDICT, epoch=epoch, scope="device", **text)
             if self.verbose:
-                print(f"\nmemfit: device memory: {text['headline']}", file=sys.stderr)
+                self._say(f"memfit: device memory: {text['headline']}")
 
     def _judge(self, trim_probe: Any = None) -> Verdict:
         """The epoch ends' verdict; memory kept after del + gc.collect() that a trim gave
@@ -275,9 +323,9 @@ class MemoryMonitor(keras.callbacks.Callback):
             assert self.log is not None
             self.log.write(Event.VERDICT, epoch=epoch, **verdict.to_record())
             if self.verbose:
-                print(f"\nmemfit: {verdict.headline}", file=sys.stderr)
+                self._say(f"memfit: {verdict.headline}")
                 if verdict.kind == "allocator-retention":
-                    print(f"  {verdict.explanation}\n  Fix: {verdict.fix}", file=sys.stderr)
+                    self._say(f"  {verdict.explanation}\n  Fix: {verdict.fix}")
                 self._said = verdict.kind
 
     def _act(self, epoch: int, first: bool) -> None:
@@ -302,6 +350,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             return
         self.log.write(Event.EXIT, code=exitcodes.RESTART, epoch=epoch, reason="leak")
         self.log.close()
+        self.say_pending()
         print(f"memfit: leak found ({format_size(self.verdict.slope)}/epoch); exiting with "
               f"code {exitcodes.RESTART} for a restart. This script has no memfit.session, "
               f"so a restart starts training over: add one to resume where it stopped",
@@ -309,6 +358,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         sys.exit(exitcodes.RESTART)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        self.say_pending()
         if self.log is None:
             return
         self._sample("train_end")
