@@ -61,6 +61,14 @@ def test_pack_inspect_verify_round_trip(tmp_path, capsys):
     (["pack", "=a.npy", "y=b.npy", "-o", "X"], "NAME=FILE.npy"),
     (["pack", "x=missing.npy", "-o", "X"], "no such file 'missing.npy'"),
     (["inspect", "nowhere"], "No memfit dataset at 'nowhere'"),
+    # what was wrong, and what to do: a path that is not there, a directory of no pack
+    (["inspect", "missing.npy"], "No memfit dataset at 'missing.npy': no such file or "
+                                 "directory. Check the path: give the directory memfit pack "
+                                 "wrote (its -o DIR), or pack your data first"),
+    (["verify", "missing.npy"], "'missing.npy': no such file or directory. Check the path"),
+    (["inspect", "."], "No memfit dataset at '.': manifest.json is missing. No memfit pack "
+                       "wrote it: give the directory memfit pack wrote (its -o DIR)"),
+    (["verify", "."], "No memfit pack wrote it: give the directory memfit pack wrote"),
     (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: max_rss='lots'"),
     (["run", "--workdir", "X", "--restart-every", "0", "--", "true"],
      "Received: restart_every=0"),

@@ -43,6 +43,8 @@ __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
 def _kind(path: str | os.PathLike) -> str:
     """``"tfrecord"``, ``"arrays"`` (a memfit-arrays directory) or ``"npy"`` (plain .npy
     files without a manifest)."""
+    if not os.path.exists(path):
+        return "tfrecord"           # the manifest's reader says what is missing, and why
     fmt = manifest_format(path)
     if fmt == ARRAYS:
         return "arrays"
