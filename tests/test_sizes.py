@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_size, plural
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -34,3 +34,12 @@ def test_format_then_parse_round_trips():
     for n in (2**20, 5 * 2**30, 1536):
         assert parse_size(format_size(n).replace(" ", "")) == n
     assert format_size(2**20, signed=True) == "+1.0 MiB"
+
+
+@pytest.mark.parametrize("n,noun,many,text", [
+    (1, "shard", None, "1 shard"), (0, "shard", None, "0 shards"),
+    (4096, "sample", None, "4,096 samples"), (1, "batch", "batches", "1 batch"),
+    (2, "batch", "batches", "2 batches"), (1, "process", "processes", "1 process")])
+def test_format_count_says_one_thing_and_many_things(n, noun, many, text):
+    assert format_count(n, noun, many) == text
+    assert plural(n, noun, many) == text.split(" ", 1)[1]

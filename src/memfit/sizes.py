@@ -1,4 +1,5 @@
-"""Byte sizes: one parser and one printer for every budget memfit takes or prints.
+"""Byte sizes and counts: one parser and one printer for every budget memfit takes or
+prints, and one printer for a count of things (``1 shard``, ``3 shards``).
 
 Budgets are plain integers of bytes inside memfit. Users may write them the way they
 think of them: ``"512MiB"``, ``"2GB"``, ``"1.5G"``, ``"4096"``; output always uses IEC
@@ -9,6 +10,8 @@ Example:
     1610612736
     >>> format_size(3 * 2**20)
     '3.0 MiB'
+    >>> format_count(1, "shard"), format_count(4096, "sample")
+    ('1 shard', '4,096 samples')
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_size", "format_size"]
+__all__ = ["parse_size", "format_size", "format_count", "plural"]
 
 _IEC = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 _SI = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
@@ -99,3 +102,34 @@ def format_size(num_bytes: int | float | None, *, signed: bool = False) -> str:
             return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def plural(n: int | float, noun: str, many: str | None = None) -> str:
+    """``noun`` as a count of ``n`` takes it: itself for 1, its plural otherwise.
+
+    Example:
+        >>> plural(1, "batch", "batches"), plural(2, "batch", "batches"), plural(0, "step")
+        ('batch', 'batches', 'steps')
+
+    Args:
+        n: the count.
+        noun: the singular.
+        many: the plural, where it is not ``noun + "s"``.
+    """
+    return noun if n == 1 else (many if many is not None else noun + "s")
+
+
+def format_count(n: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, the count with thousands separators: ``'1 shard'``,
+    ``'1,024 samples'``. Every line memfit prints that counts things uses it.
+
+    Example:
+        >>> format_count(1, "record"), format_count(0, "process", "processes")
+        ('1 record', '0 processes')
+
+    Args:
+        n: the count.
+        noun: the singular.
+        many: the plural, where it is not ``noun + "s"``.
+    """
+    return f"{n:,} {plural(n, noun, many)}"

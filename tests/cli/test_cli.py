@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -60,6 +61,14 @@ def test_pack_inspect_verify_round_trip(tmp_path, capsys):
     (["pack", "=a.npy", "y=b.npy", "-o", "X"], "NAME=FILE.npy"),
     (["pack", "x=missing.npy", "-o", "X"], "no such file 'missing.npy'"),
     (["inspect", "nowhere"], "No memfit dataset at 'nowhere'"),
+    # what was wrong, and what to do: a path that is not there, a directory of no pack
+    (["inspect", "missing.npy"], "No memfit dataset at 'missing.npy': no such file or "
+                                 "directory. Check the path: give the directory memfit pack "
+                                 "wrote (its -o DIR), or pack your data first"),
+    (["verify", "missing.npy"], "'missing.npy': no such file or directory. Check the path"),
+    (["inspect", "."], "No memfit dataset at '.': manifest.json is missing. No memfit pack "
+                       "wrote it: give the directory memfit pack wrote (its -o DIR)"),
+    (["verify", "."], "No memfit pack wrote it: give the directory memfit pack wrote"),
     (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: max_rss='lots'"),
     (["run", "--workdir", "X", "--restart-every", "0", "--", "true"],
      "Received: restart_every=0"),
@@ -232,3 +241,32 @@ def test_other_libraries_info_logs_are_not_printed_but_memfits_are(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "memfit: its own line" in out.stderr
     assert "fontManager" not in out.stderr
+
+
+def test_one_of_a_thing_is_not_plural(tmp_path, capsys):
+    """A pack of one sample says "1 sample", "1 shard", "1 record" (not "1 shards"), in
+    the pack's summary, inspect's table, verify's line and the reading plan."""
+    from memfit.data.read.plan import DatasetPlan
+
+    np.save(tmp_path / "x.npy", np.zeros((1, 3), np.float32))
+    out = tmp_path / "one"
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--quiet"]) == 0
+    assert main(["inspect", str(out)]) == 0
+    assert main(["verify", str(out), "--quiet"]) == 0
+    assert main(["inspect", str(tmp_path / "x.npy")]) == 0
+    text = capsys.readouterr().out
+    assert "packed 1 sample (train=1) into 1 shard," in text
+    assert "  1 sample, " in text and " 1 sample " in text and " 1 record " in text
+    assert " 1 shard " in text and "verified 1 shard, 1 record read" in text
+    assert "1 sample of " in text
+    plan = DatasetPlan(path=str(out), split="train", batch_size=1, samples=1,
+                       steps_per_epoch=1, memory_budget=2**20, estimated_bytes=100,
+                       window_records=1, window_samples=1, cycle_length=1, read_threads=1,
+                       parallel_windows=1, prefetch_batches=1, seed=0, epoch=0, epochs=None,
+                       shuffle=True)
+    for reader in ("blocks", "tf"):
+        said = str(dataclasses.replace(plan, reader=reader))
+        assert "1 sample → 1 step/epoch of 1" in said, said
+        for wrong in ("1 samples", "1 shards", "1 batches", "1 windows", "1 threads",
+                      "1 records", "1 steps"):
+            assert wrong not in said, said

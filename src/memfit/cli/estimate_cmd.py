@@ -32,7 +32,7 @@ import sys
 
 from memfit.estimate.band import DOES_NOT_FIT, FITS, UNCERTAIN
 from memfit.estimate.optimizers import OPTIMIZERS
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 NAME = "estimate"
 #: The exit status for each answer to --budget (``None``: no budget given).
@@ -116,7 +116,8 @@ def _print_measure(measured: dict, predicted: int, steps: int) -> None:
     if measured["status"] != "ok":
         print(f"measure: the child failed ({measured['status']}): {measured['message']}")
         return
-    print(f"measure (model memory over the framework baseline, peak of {steps} steps):")
+    print(f"measure (model memory over the framework baseline, peak of "
+          f"{format_count(steps, 'step')}):")
     print(f"  predicted {format_size(predicted):>10}")
     print(f"  measured  {format_size(measured['measured']):>10}   "
           f"(process peak {format_size(measured['peak'])}, baseline "

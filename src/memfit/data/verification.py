@@ -35,7 +35,7 @@ from memfit.data.format.arrays_format import (
 )
 from memfit.data.format.manifest import Manifest, Shard
 from memfit.data.format.records import RecordError, iter_records
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size, plural
 
 __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
 
@@ -43,6 +43,8 @@ __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
 def _kind(path: str | os.PathLike) -> str:
     """``"tfrecord"``, ``"arrays"`` (a memfit-arrays directory) or ``"npy"`` (plain .npy
     files without a manifest)."""
+    if not os.path.exists(path):
+        return "tfrecord"           # the manifest's reader says what is missing, and why
     fmt = manifest_format(path)
     if fmt == ARRAYS:
         return "arrays"
@@ -85,7 +87,7 @@ def _shape(shape: tuple) -> str:
 def _head(m: Manifest | ArraysManifest, title: str, layout: str) -> list[str]:
     """The first lines of a packed dataset's description, up to its features."""
     return [title,
-            f"  {m.samples:,} samples, {format_size(m.bytes)} on disk{layout}, "
+            f"  {format_count(m.samples, 'sample')}, {format_size(m.bytes)} on disk{layout}, "
             f"seed {m.seed}{' (shuffled at pack time)' if m.shuffled else ''}",
             f"  source: {m.source or '?'}; written by memfit {m.memfit_version}",
             "  features:"]
@@ -94,7 +96,7 @@ def _head(m: Manifest | ArraysManifest, title: str, layout: str) -> list[str]:
 def _inspect_arrays(path: str | os.PathLike) -> str:
     m = ArraysManifest.load(path)
     lines = _head(m, f"memfit arrays dataset {m.path} (.npy files, memory-mapped when read)",
-                  f" in {m.file_count} .npy files")
+                  f" in {format_count(m.file_count, '.npy file')}")
     width = max(len(n) for n in m.features)
     for f in m.features.values():
         lines.append(f"    {f.name:<{width}}  {f.dtype:<8} {_shape(f.shape):<16} "
@@ -102,7 +104,8 @@ def _inspect_arrays(path: str | os.PathLike) -> str:
     lines.append("  splits:")
     for s in m.splits.values():
         files = ", ".join(a.file for a in s.files.values())
-        lines.append(f"    {s.name:<8} {s.samples:>12,} samples {format_size(s.bytes):>11}  "
+        lines.append(f"    {s.name:<8} {s.samples:>12,} {plural(s.samples, 'sample'):<7} "
+                     f"{format_size(s.bytes):>11}  "
                      f"{files}")
     return "\n".join(lines)
 
@@ -115,7 +118,8 @@ def _inspect_npy(path: str | os.PathLike) -> str:
     width = max([len(n) for n in files] + [1])
     for name, f in files.items():
         a = open_npy(name, f)       # an unreadable file is the error (exit 2), not a row
-        lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} samples of "
+        lines.append(f"    {name:<{width}}  {a.dtype.name:<8} {len(a):>12,} "
+                     f"{plural(len(a), 'sample') + ' of':<10} "
                      f"{_shape(a.shape[1:]):<16} {format_size(f.stat().st_size):>11}")
     return "\n".join(lines)
 
@@ -136,8 +140,9 @@ def inspect(path: str | os.PathLike) -> str:
     if kind == "npy":
         return _inspect_npy(path)
     m = Manifest.load(path)
-    lines = _head(m, f"memfit dataset {m.path}", f", {m.samples_per_record} samples per "
-                  f"record, compression: {m.compression or 'none'}")
+    lines = _head(m, f"memfit dataset {m.path}",
+                  f", {format_count(m.samples_per_record, 'sample')} per record, "
+                  f"compression: {m.compression or 'none'}")
     width = max(len(n) for n in m.features)
     for f in m.features.values():
         per = "variable" if f.variable else f"{format_size(f.sample_bytes)}/sample"
@@ -145,8 +150,10 @@ def inspect(path: str | os.PathLike) -> str:
                      f"{f.encoding:<12} {per}")
     lines.append("  splits:")
     for s in m.splits.values():
-        lines.append(f"    {s.name:<8} {s.samples:>12,} samples {s.records:>10,} records "
-                     f"{len(s.shards):>5} shards {format_size(s.bytes):>11} "
+        lines.append(f"    {s.name:<8} {s.samples:>12,} {plural(s.samples, 'sample'):<7} "
+                     f"{s.records:>10,} {plural(s.records, 'record'):<7} "
+                     f"{len(s.shards):>5} {plural(len(s.shards), 'shard'):<6} "
+                     f"{format_size(s.bytes):>11} "
                      f"({format_size(s.raw_bytes)} decoded)")
     return "\n".join(lines)
 
@@ -184,24 +191,20 @@ class VerifyReport:
         # "verified" only what passed: with problems, what was read is what was checked
         did = "verified" if self.ok else "checked"
         if self.kind == "tfrecord":
-            head = (f"{did} {_count(self.shards, 'shard')}, {_count(self.records, 'record')}"
-                    f" read, {format_size(self.bytes)} at {self.path}: ")
+            head = (f"{did} {format_count(self.shards, 'shard')}, "
+                    f"{format_count(self.records, 'record')} read, {format_size(self.bytes)} "
+                    f"at {self.path}: ")
             checked = "sha256 and every record CRC32C match"
         else:
-            head = (f"{did} {_count(self.shards, '.npy file')}, "
-                    f"{_count(self.records, 'sample')}, {format_size(self.bytes)} at "
+            head = (f"{did} {format_count(self.shards, '.npy file')}, "
+                    f"{format_count(self.records, 'sample')}, {format_size(self.bytes)} at "
                     f"{self.path}: ")
             checked = ("sha256 and .npy headers match the manifest" if self.kind == "arrays"
                        else "headers, sizes and lengths; no manifest, so no checksums")
         if self.ok:
             return head + f"OK ({checked})"
-        return head + f"{_count(len(self.problems), 'problem')}\n" + "\n".join(
+        return head + f"{format_count(len(self.problems), 'problem')}\n" + "\n".join(
             f"  {p}" for p in self.problems)
-
-
-def _count(n: int, word: str) -> str:
-    """``"1 shard"``, ``"3 shards"``."""
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 class _HashingReader(io.RawIOBase):

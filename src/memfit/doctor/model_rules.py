@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memfit.doctor.facts import Facts, Finding, arg_size, percent
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["activations", "gpu_no_limit", "ACTIVATIONS_MIN", "ACTIVATIONS_SHARE"]
 
@@ -133,7 +133,7 @@ def gpu_no_limit(f: Facts) -> Finding | None:
     measured = (f"GPU {d['index']} ({d.get('name', '?')}, {format_size(d['total'])}): this process "
                 f"holds {format_size(own)}" + (f" while TensorFlow's allocator peaked at "
                                           f"{format_size(used_by_tf)}" if used_by_tf else "")
-                + f"; {len(d['others'])} other process{'es' if len(d['others']) != 1 else ''}"
+                + f"; {format_count(len(d['others']), 'other process', 'other processes')}"
                 f" (pid {pids}) hold {format_size(others)} on the same device. Neither memory "
                 f"growth nor a memory cap is set ({', '.join(u['name'] for u in unbounded)}).")
     return Finding(

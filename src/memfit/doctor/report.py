@@ -23,7 +23,7 @@ from typing import Any
 from memfit.doctor.facts import Finding
 from memfit.memory.classifier import TOO_SHORT
 from memfit.memory.probe import Sample
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["DoctorResult", "format_finding", "WIDTH"]
 
@@ -124,11 +124,11 @@ class DoctorResult:
         if self.steps is None:
             ran = f"ran {self.duration:.1f} s"
         else:
-            ran = f"{self.steps} training steps in {self.duration:.1f} s"
+            ran = f"{format_count(self.steps, 'training step')} in {self.duration:.1f} s"
         if self.stopped == "steps":
-            ran += f" (stopped by memfit doctor after {self.steps} steps)"
+            ran += f" (stopped by memfit doctor after {format_count(self.steps, 'step')})"
         elif self.stopped == "epochs":
-            ran += f" (stopped by memfit doctor after {self.epochs} epochs)"
+            ran += f" (stopped by memfit doctor after {format_count(self.epochs, 'epoch')})"
         elif self.stopped == "seconds":
             ran += " (stopped by memfit doctor at its time limit)"
         elif self.exit_code == 0:
@@ -157,7 +157,7 @@ class DoctorResult:
                                    + f" (checked: {CHECKED}).{self._short()}", WIDTH)
             return "\n".join(lines)
         n = len(self.findings)
-        lines.append(f"{n} finding{'s' if n != 1 else ''}, the most memory at stake first:")
+        lines.append(f"{format_count(n, 'finding')}, the most memory at stake first:")
         for rank, finding in enumerate(self.findings, start=1):
             lines += ["", format_finding(rank, finding)]
         if self._short():

@@ -42,7 +42,7 @@ from memfit.estimate.model import (
 from memfit.estimate.optimizers import check_optimizer
 from memfit.frameworks import require_for_training
 from memfit.memory.allocator import check_policy as check_allocator
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_size
 
 __all__ = ["SearchResult", "Trial", "find_batch_size"]
 
@@ -112,8 +112,8 @@ class SearchResult:
             head = (f"at least batch size {self.batch_size} fits {format_size(self.budget)} "
                     f"(measured peak {format_size(self.peak)}; the estimate said "
                     f"{self.estimated}): a lower bound, not the largest: no larger size was "
-                    f"found to fail within {len(self.trials)} trials. Raise --max-trials "
-                    f"(max_trials=) or --start (start=) to find the largest")
+                    f"found to fail within {format_count(len(self.trials), 'trial')}. Raise "
+                    f"--max-trials (max_trials=) or --start (start=) to find the largest")
         elif self.batch_size:
             head = (f"largest batch size that fits {format_size(self.budget)}: "
                     f"{self.batch_size} (measured peak {format_size(self.peak)}; the "
@@ -134,7 +134,7 @@ class SearchResult:
 
     def _against(self) -> str:
         """One line: the trials it took, and the answer against the estimate's range."""
-        said = f"  {len(self.trials)} trial{'s' if len(self.trials) != 1 else ''}; the estimate"
+        said = f"  {format_count(len(self.trials), 'trial')}; the estimate"
         if self.estimated_point is not None and self.estimated_low is not None:
             said += (f"'s range: safe {self.estimated}, point {self.estimated_point}, "
                      f"optimistic {self.estimated_low}")

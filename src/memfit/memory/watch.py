@@ -75,7 +75,7 @@ from memfit.memory.process import (
     ticks,
 )
 from memfit.memory.sampler import TreeSampler
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 from memfit.workdir import Workdir
 
 __all__ = ["watch", "judge", "OutsideVerdict", "WatchResult",
@@ -158,12 +158,12 @@ class WatchResult:
     def __str__(self) -> str:
         cmd = shlex.join(self.command) if self.command else "the command"
         lines = [f"memfit watch: {cmd!s} exited with code {self.exit_code} after "
-                 f"{self.duration:.1f} s ({self.samples} samples)"]
+                 f"{self.duration:.1f} s ({format_count(self.samples, 'sample')})"]
         for label, s in (("peak", self.peak), ("final", self.final)):
             if s is not None:
                 lines.append(f"  {label:<7} anon {format_size(s.rss_anon):>10}   file "
                              f"{format_size(s.rss_file):>10}   total {format_size(s.rss):>10}"
-                             f"   ({s.processes} process{'es' if s.processes != 1 else ''})")
+                             f"   ({format_count(s.processes, 'process', 'processes')})")
         lines.append(f"  growth  {format_size(self.growth, signed=True)} anonymous, first "
                      f"sample to last")
         if self.basis == "epochs":

@@ -21,7 +21,7 @@ from memfit.memory.log import Event
 from memfit.report.data import MARK_EVENTS, MEMORY_FIELDS, RunData, number
 from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
 from memfit.report.timeline_plot import event_label, format_duration
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["render"]
 
@@ -143,8 +143,8 @@ def render(data: RunData, png: bytes, *, summaries: tuple[ProcessSummary, ...] |
         "<h1>memfit report</h1>",
         f'<p class="meta"><code>{escape(str(data.log))}</code> · written by {escape(writer)}'
         f" · {_when(data.first_t)} → {_when(data.last_t)} ({format_duration(data.duration)})"
-        f" · {len(summaries)} process{'es' if len(summaries) != 1 else ''}"
-        f" · {len(data.records)} records</p>",
+        f" · {format_count(len(summaries), 'process', 'processes')}"
+        f" · {format_count(len(data.records), 'record')}</p>",
         "<h2>Verdict</h2>", *(_verdict_html(v) for v in judged),
         "<h2>Timeline</h2>",
         f'<img alt="memory timeline" src="data:image/png;base64,{image}">',

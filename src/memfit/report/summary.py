@@ -17,6 +17,7 @@ import dataclasses
 from memfit.memory.classifier import EXPLANATIONS, MIN_VALUES, TOO_SHORT, classify
 from memfit.memory.log import Event
 from memfit.report.data import ProcessData, RunData, anon, number
+from memfit.sizes import format_count
 
 __all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
 
@@ -152,8 +153,8 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
                "watch and memfit run sample time only), so there is nothing to compare "
                "from epoch to epoch.")
     else:
-        why = (f"The longest-running process logged {most} epoch end"
-               f"{'s' if most > 1 else ''}; at least {MIN_EPOCHS} in one process are needed "
+        why = (f"The longest-running process logged {format_count(most, 'epoch end')}; "
+               f"at least {MIN_EPOCHS} in one process are needed "
                f"to tell growth from noise.")
     return (VerdictSummary(
         TOO_SHORT, f"too short to judge: needs ≥ {MIN_EPOCHS} epoch ends in one process, "

@@ -27,7 +27,7 @@ from pathlib import Path
 from memfit.atomic import temporary_name
 from memfit.memory.log import Event
 from memfit.report.data import MARK_EVENTS, ProcessData, RunData, anon, number
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["timeline", "title", "event_label", "format_duration"]
 
@@ -148,7 +148,7 @@ def title(data: RunData) -> str:
     when = datetime.datetime.fromtimestamp(data.first_t).strftime("%Y-%m-%d %H:%M")
     n = len(data.measured)
     return (f"Memory timeline — {source}\n{format_duration(data.duration)} from {when}, "
-            f"{n} process{'es' if n != 1 else ''}")
+            f"{format_count(n, 'process', 'processes')}")
 
 
 def _marks(data: RunData, axes, t0: float, scale: float) -> None:

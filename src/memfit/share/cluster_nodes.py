@@ -31,7 +31,7 @@ from typing import Any
 
 from memfit.errors import MemfitError
 from memfit.share.planner import Plan
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["Node", "ClusterError", "ClusterFitError", "RayMissingError", "parse_nodes",
            "ray_options", "place", "GPU_MEMORY_RESOURCE", "RAY_EXTRA"]
@@ -197,7 +197,7 @@ def place(plan: Plan, nodes: Sequence[Node], *, num_cpus: float = 1,
     total = sum(n.memory for n in usable) if on_cpu else \
         sum(n.gpu_memory or int(n.gpus) * alone for n in usable)
     plan = dataclasses.replace(plan, jobs=jobs, budget=total, budget_source=(
-        f"Ray: {len(usable)} node{'s' if len(usable) != 1 else ''}, "
+        f"Ray: {format_count(len(usable), 'node')}, "
         f"largest {format_size(largest.memory if on_cpu else alone)}"))
     options, refused = {}, []
     for job in sorted(plan.jobs, key=lambda j: j.index):

@@ -36,7 +36,7 @@ from pathlib import Path
 from memfit.memory.log import Event
 from memfit.share.states import JobState, Stop
 from memfit.share.status import Row
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["ClusterView", "JobView", "LogFollower"]
 
@@ -158,8 +158,8 @@ class ClusterView:
                 for j in r.get("jobs", []):
                     self._job(j["name"]).share = int(j["share"])
                 count = len(self.node_memory)
-                told.append(f"{len(self.jobs)} jobs on Ray ({r.get('ray', '?')}), {count} "
-                            f"node{'' if count == 1 else 's'}: " + ", ".join(
+                told.append(f"{format_count(len(self.jobs), 'job')} on Ray "
+                            f"({r.get('ray', '?')}), {format_count(count, 'node')}: " + ", ".join(
                                 f"{n} ({format_size(m)})" for n, m in self.node_memory.items()))
             elif event == Event.JOB_START and name:
                 job = self._job(name)

@@ -49,7 +49,7 @@ from memfit.share.jobs import (
     parse_jobs,
 )
 from memfit.share.layout import DEFAULT_WORKDIR, JobFiles
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_size
 from memfit.workdir import Workdir
 
 __all__ = ["Plan", "PlannedJob", "plan", "pick", "SUPERVISOR_RSS", "LEARN_MARGIN",
@@ -127,7 +127,7 @@ class Plan:
         return pick(self.jobs, self.budget)
 
     def __str__(self) -> str:
-        lines = [f"memfit share: {len(self.jobs)} job{'s' if len(self.jobs) != 1 else ''} "
+        lines = [f"memfit share: {format_count(len(self.jobs), 'job')} "
                  f"from {self.source} on {self.device}, budget {format_size(self.budget)} "
                  f"({self.budget_source}), per-process overhead {format_size(self.overhead)} "
                  f"({self.overhead_source})"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from memfit.share.layout import JobFiles
 from memfit.share.planner import SUPERVISOR_RSS, Plan, PlannedJob
 from memfit.share.states import JobState
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["JobResult", "RayJobResult", "ShareResult"]
 
@@ -190,7 +190,7 @@ class ShareResult:
         counts = ", ".join(f"{n} {s}" for s, n in states.items())
         faster = f", {self.serial / self.makespan:.1f}× faster" if self.makespan > 0 \
             and not self.interrupted else ""
-        lines = [f"memfit share: {len(self.jobs)} jobs on {p.device}, budget "
+        lines = [f"memfit share: {format_count(len(self.jobs), 'job')} on {p.device}, budget "
                  f"{format_size(p.budget)}: {counts}; makespan {self.makespan:.1f} s "
                  f"(one after another: {self.serial:.1f} s{faster})"]
         width = max([3] + [len(j.name) for j in self.jobs])
@@ -203,7 +203,7 @@ class ShareResult:
             code = "-" if j.exit_code is None else str(j.exit_code)
             at = "-" if j.started is None else f"{j.started - t0:5.1f}s"
             took = "-" if j.duration is None else f"{j.duration:5.1f}s"
-            extra = f"; {j.restarts} restart{'s' if j.restarts != 1 else ''}" \
+            extra = f"; {format_count(j.restarts, 'restart')}" \
                 if j.restarts else ""
             why = f"  {j.reason}" if j.reason else ""
             lines.append(f"  {j.name:<{width}}  {j.state:<11} {code:>4}  {peak:>9}  "

@@ -39,6 +39,7 @@ import numpy as np
 from memfit import exitcodes
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
+from memfit.sizes import format_count
 from memfit.supervise import callback_state, exactness, fit_hooks, rng
 from memfit.supervise.checkpoint import (
     Checkpoint,
@@ -391,7 +392,7 @@ class SessionCallback(keras.callbacks.Callback):
         reason = s.pending_restart()
         every = s.restart_every
         if reason is None and every and self._epochs_here >= every:
-            reason = f"every {every} epoch{'s' if every != 1 else ''}"
+            reason = f"every {format_count(every, 'epoch')}"
         last = self.model.stop_training or epoch + 1 >= int(self.params.get("epochs", 0))
         if reason is not None and last:
             reason = None               # fit ends now: nothing to restart for

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from memfit.memory.probe import Sample
 from memfit.memory.watch import OutsideVerdict
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["Cause", "ChildRun", "RunResult"]
 
@@ -138,10 +138,10 @@ class RunResult:
         restarts = len(self.children) - 1
         by = ", ".join(f"{n} {r}" for r, n in self.restarts.items())
         state = "finished" if self.finished else f"stopped ({self.stop_reason})"
-        done = f" after {self.epoch} epoch{'s' if self.epoch != 1 else ''}" \
+        done = f" after {format_count(self.epoch, 'epoch')}" \
             if self.checkpointed else ""
-        lines = [f"memfit run: {cmd} {state}{done} in {self.duration:.1f} s, {restarts} "
-                 f"restart{'s' if restarts != 1 else ''}" + (f" ({by})" if by else "")]
+        lines = [f"memfit run: {cmd} {state}{done} in {self.duration:.1f} s, "
+                 f"{format_count(restarts, 'restart')}" + (f" ({by})" if by else "")]
         if not self.checkpointed and not self.finished and self.children and all(
                 c.cause == Cause.CRASH for c in self.children):
             # every process crashed before it checkpointed: whether the script trains in

@@ -215,7 +215,8 @@ def open_npy(name: str, path: str | os.PathLike) -> np.memmap:
     p = Path(path)
     if not p.is_file():
         what = "is a directory, not a .npy file" if p.is_dir() else "does not exist"
-        raise DatasetError(f"Feature {name!r}: {str(p)!r} {what}. Received: {name}={str(p)!r}")
+        raise DatasetError(f"Feature {name!r}: {str(p)!r} {what}. Check the path: give a "
+                           f".npy file for each feature. Received: {name}={str(p)!r}")
     size = p.stat().st_size
     try:
         with open(p, "rb") as f:

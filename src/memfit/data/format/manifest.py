@@ -392,10 +392,15 @@ _PACK_STATE = ".memfit-pack-state.json"     # what an unfinished pack leaves (pa
 
 
 def _interrupted(path: Path) -> str:
-    """What a directory without a manifest holds: an interrupted pack (its state file or
-    shards named as :func:`shard_name` names them), or TFRecord files of another program."""
+    """What to do about a path with no manifest: it is not there; a directory that holds
+    an interrupted pack (its state file or shards named as :func:`shard_name` names
+    them), TFRecord files of another program, or nothing memfit wrote."""
+    todo = ("give the directory memfit pack wrote (its -o DIR), or pack your data first "
+            "(memfit pack ... -o DIR; memfit.pack in Python).")
+    if not path.exists():
+        return f" Check the path: {todo}"
     if not path.is_dir() or not any(path.glob("*.tfrecord*")):
-        return ""
+        return f" No memfit pack wrote it: {todo}"
     if (path / _PACK_STATE).exists() or any(is_shard_name(p.name) for p in path.iterdir()):
         return (" It holds shards but no manifest: the pack was interrupted; rerun the "
                 "same pack command to finish it.")

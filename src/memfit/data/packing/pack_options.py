@@ -30,7 +30,7 @@ from memfit import checks
 from memfit.data.format.records import MAX_EXAMPLE_BYTES, example_length
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_size
 
 __all__ = ["PackOptions", "gather", "CHUNK_BYTES", "parse_split", "split_counts",
            "check_split_counts", "check_record_size", "split_order", "progress_bar"]
@@ -246,7 +246,7 @@ def check_record_size(src: ArraySource | StreamSource, options: PackOptions) -> 
            "format='arrays' (--format arrays), whose files have no such limit"
     if k > 1 and example_length(fixed) <= MAX_EXAMPLE_BYTES:
         todo = "Give a smaller samples_per_record (--samples-per-record)"
-    raise DatasetError(f"A record of {k} sample{'s' if k > 1 else ''} (a sample: {sizes}) "
+    raise DatasetError(f"A record of {format_count(k, 'sample')} (a sample: {sizes}) "
                        f"would be {format_size(length)} ({length:,} bytes), too large for "
                        f"the shards' format: a tf.train.Example holds at most "
                        f"{MAX_EXAMPLE_BYTES:,} bytes (protobuf's 2 GiB limit), so "

@@ -62,7 +62,7 @@ from memfit.data.sources.opening import open_source
 from memfit.data.sources.parquet_source import open_parquet
 from memfit.data.sources.tfrecord_source import open_tfrecords
 from memfit.errors import DatasetError
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["pack", "PackResult"]
 
@@ -96,17 +96,18 @@ class PackResult:
         m = self.manifest
         if isinstance(m, Manifest):
             count = sum(len(s.shards) for s in m.splits.values())
-            files = f"{count} shards"
+            files = format_count(count, "shard")
         else:                                           # an arrays dataset
             count = m.file_count
-            files = f"{m.file_count} .npy files"
+            files = format_count(m.file_count, ".npy file")
         splits = ", ".join(f"{n}={s.samples:,}" for n, s in m.splits.items())
         rate = self.bytes / max(self.seconds, 1e-9)
-        kept = f"; kept {self.kept_shards} verified shards from the interrupted run" \
+        kept = f"; kept {format_count(self.kept_shards, 'verified shard')} from the " \
+            f"interrupted run" \
             if self.kept_shards else ""
         if self.kept_shards == count:
             kept = "; it was complete already (the same pack): every file verified, none written"
-        return (f"packed {self.samples:,} samples ({splits}) into {files}, "
+        return (f"packed {format_count(self.samples, 'sample')} ({splits}) into {files}, "
                 f"{format_size(self.bytes)} in {self.seconds:.1f} s "
                 f"({format_size(rate)}/s, {self.samples / max(self.seconds, 1e-9):,.0f} "
                 f"samples/s) at {self.path}{kept}")

@@ -62,7 +62,7 @@ from memfit.data.read.feeder import WindowFeeder, fed_dataset, order_rng
 from memfit.data.read.pipeline_tail import finish
 from memfit.data.read.plan import plan_summary, settle_plan, steps_per_epoch
 from memfit.errors import CorruptShardError, DatasetError
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_size
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -124,15 +124,17 @@ class ArraysPlan:
         return self.samples if self.shuffle else 1
 
     def __str__(self) -> str:
-        order = (f"global shuffle of {self.samples:,} samples (a permutation by (seed, epoch))"
+        order = (f"global shuffle of {format_count(self.samples, 'sample')} (a permutation "
+                 f"by (seed, epoch))"
                  if self.shuffle else "stored order")
         where = (f"{format_size(self.cache_bytes)} cached in RAM" if self.cache
                  else f"{format_size(self.mapped_bytes)} memory-mapped (page cache: file-backed "
                       f"RSS, not counted against the budget)")
         return (f"memfit.dataset {self.path} (.npy arrays): budget "
                 f"{format_size(self.memory_budget)} → {order}, batches gathered with sorted "
-                f"reads, {self.parallel_reads} built ahead, prefetch {self.prefetch_batches} "
-                f"batches; about {format_size(self.estimated_bytes)} anonymous in flight "
+                f"reads, {self.parallel_reads} built ahead, prefetch "
+                f"{format_count(self.prefetch_batches, 'batch', 'batches')}; about "
+                f"{format_size(self.estimated_bytes)} anonymous in flight "
                 f"(incl. {format_size(self.index_bytes)} of indices); {where}. "
                 f"{plan_summary(self)}")
 

@@ -22,7 +22,7 @@ import math
 import os
 from typing import Protocol, TypeVar
 
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["ReaderPlan", "DatasetPlan", "MAX_CYCLE", "MAX_PREFETCH", "settle_plan",
            "steps_per_epoch", "plan_summary"]
@@ -121,33 +121,38 @@ class DatasetPlan:
                 else self.window_samples
             whole = ", the whole split" if window < self.window_samples else ""
             batches = -(-window // self.batch_size) if whole else window // self.batch_size
-            order = (f"shuffle window {window:,} samples ({batches} batch"
-                     f"{'es' if batches != 1 else ''}{whole}) over "
-                     f"{self.cycle_length} shards read round-robin" if self.shuffle
-                     else "stored order")
+            order = (f"shuffle window {format_count(window, 'sample')} "
+                     f"({format_count(batches, 'batch', 'batches')}{whole}) over "
+                     f"{format_count(self.cycle_length, 'shard')} read round-robin"
+                     if self.shuffle else "stored order")
             return (f"memfit.dataset {self.path} [{self.split}]: budget "
                     f"{format_size(self.memory_budget)} → {order}; memfit's block reader "
                     f"({self.reader_note}, CRC32C checked, windows of "
-                    f"{window:,} samples), "
-                    f"{self.parallel_windows} windows built ahead, prefetch "
-                    f"{self.prefetch_batches} batches; about {format_size(self.estimated_bytes)} "
-                    f"in flight. {plan_summary(self)}")
-        order = (f"shuffle window {self.window_records} records ({self.window_samples:,} "
-                 f"samples)" if self.shuffle else "stored order")
+                    f"{format_count(window, 'sample')}), "
+                    f"{format_count(self.parallel_windows, 'window')} built ahead, prefetch "
+                    f"{format_count(self.prefetch_batches, 'batch', 'batches')}; about "
+                    f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
+        order = (f"shuffle window {format_count(self.window_records, 'record')} "
+                 f"({format_count(self.window_samples, 'sample')})" if self.shuffle
+                 else "stored order")
         note = f" (tf.data's TFRecord reader: {self.reader_note})" if self.reader_note else ""
-        decodes = (f"then decodes {self.decode_note} in {self.decode_calls} parallel calls, "
+        decodes = (f"then decodes {self.decode_note} in "
+                   f"{format_count(self.decode_calls, 'parallel call')}, "
                    if self.decode_calls else "")
         return (f"memfit.dataset {self.path} [{self.split}]{note}: budget "
-                f"{format_size(self.memory_budget)} → {order}, {self.cycle_length} shards read "
-                f"at once by {self.read_threads} threads, {self.parallel_windows} windows "
-                f"decoded in parallel, {decodes}prefetch {self.prefetch_batches} batches; about "
-                f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
+                f"{format_size(self.memory_budget)} → {order}, "
+                f"{format_count(self.cycle_length, 'shard')} read at once by "
+                f"{format_count(self.read_threads, 'thread')}, "
+                f"{format_count(self.parallel_windows, 'window')} decoded in parallel, "
+                f"{decodes}prefetch {format_count(self.prefetch_batches, 'batch', 'batches')}; "
+                f"about {format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
 
 
 def plan_summary(plan: ReaderPlan) -> str:
     """The end of every plan's description: what an epoch yields and where the order
     starts (and the arena cap, when there is one)."""
-    return (f"{plan.samples:,} samples → {plan.steps_per_epoch} steps/epoch of "
+    return (f"{format_count(plan.samples, 'sample')} → "
+            f"{format_count(plan.steps_per_epoch, 'step')}/epoch of "
             f"{plan.batch_size}; seed={plan.seed}, starting at epoch {plan.epoch}."
             + (f" glibc malloc arenas capped at {plan.arena_limit}." if plan.arena_limit
                else ""))

@@ -54,7 +54,7 @@ from memfit.data.sources.columns import ArraySource, Columns
 from memfit.errors import DatasetError
 from memfit.memory.allocator import malloc_trim
 from memfit.memory.probe import system_memory
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 try:                        # the resize from Pillow's memory, without the GIL (setup.py)
     from memfit.data.sources import cresize
@@ -371,9 +371,9 @@ class ImageFolderSource(ArraySource):
         self.columns: Columns = dict.fromkeys(self.features)  # names only: see take
         crop = ", crop_to_aspect_ratio" if self.crop else ""
         n = len(self.skipped)
-        skipped = f"; skipped {n} file{'s' if n != 1 else ''} that do{'es' if n == 1 else ''} " \
+        skipped = f"; skipped {format_count(n, 'file')} that do{'es' if n == 1 else ''} " \
             f"not decode: {json.dumps(self.skipped)}" if self.skipped else ""
-        self.description = (f"images {self.folder} ({self.length:,} files, classes "
+        self.description = (f"images {self.folder} ({format_count(self.length, 'file')}, classes "
                             f"{json.dumps(self.class_names)} → label 0..."
                             f"{len(self.class_names) - 1}; image_size {self.size[0]}x"
                             f"{self.size[1]}, bilinear{crop}"
@@ -412,8 +412,9 @@ class ImageFolderSource(ArraySource):
         shown = "; ".join(f"{b[0]} ({b[1]})" for b in problems if b)
         if len(shown) > 500:
             shown = shown[:497] + "..."
-        print(f"memfit: WARNING: skipped {len(self.skipped)} of {len(files)} images "
-              f"that do not decode (on_corrupt='skip'): {shown}", file=sys.stderr, flush=True)
+        print(f"memfit: WARNING: skipped {len(self.skipped)} of "
+              f"{format_count(len(files), 'image')} that do not decode (on_corrupt='skip'): "
+              f"{shown}", file=sys.stderr, flush=True)
         if not kept:
             raise DatasetError(f"None of the {len(files)} images in {self.folder!r} "
                                f"decodes; nothing to pack.")

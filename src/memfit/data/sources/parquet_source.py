@@ -30,6 +30,7 @@ from memfit.data.format.arrays_format import open_npy
 from memfit.data.format.manifest import check_dtype, check_feature_name
 from memfit.data.sources.columns import ArraySource
 from memfit.errors import DatasetError
+from memfit.sizes import format_count
 
 __all__ = ["ParquetSource", "open_parquet", "parquet_to_npy", "describe_parquet",
            "use_system_pool"]
@@ -218,8 +219,8 @@ def describe_parquet(path: str, label: str | None = None) -> str:
     for name, f in plan.items():
         cols = f["columns"]
         parts.append(f"{name} = {', '.join(cols) if len(cols) <= 4 else f'{len(cols)} columns'}")
-    return (f"parquet {path} ({pf.metadata.num_rows:,} rows in {pf.num_row_groups} row "
-            f"groups; {'; '.join(parts)})")
+    return (f"parquet {path} ({format_count(pf.metadata.num_rows, 'row')} in "
+            f"{format_count(pf.num_row_groups, 'row group')}; {'; '.join(parts)})")
 
 
 class ParquetSource(ArraySource):

@@ -63,6 +63,7 @@ from memfit.data.sources.example_proto import (
     parse_tensor_header,
 )
 from memfit.errors import DatasetError
+from memfit.sizes import format_count
 
 __all__ = ["RecordFeature", "SpecCheck", "TFRecordSource", "open_tfrecords",
            "describe_tfrecords", "expand_tfrecord_paths", "compression_of", "open_stream",
@@ -116,7 +117,7 @@ def _record_spec(payload: bytes, variable: frozenset[str]) -> dict[str, RecordFe
             shape: tuple[int | None, ...] = (None,) if var else (() if n == 1 else (n,))
             dtype = "float32" if value.kind == "float_list" else "int64"
             out[name] = RecordFeature(name, value.kind, dtype, shape,
-                                      f"{n} value{'s' if n != 1 else ''}")
+                                      format_count(n, "value"))
             continue
         if value.kind == "empty":
             raise _Refused(f"feature {name!r} has no kind set (no bytes_list, float_list or "
@@ -419,8 +420,9 @@ class TFRecordSource(ArraySource):
         self._index = (np.frombuffer(self._file, np.int32), np.frombuffer(self._offset, np.int64),
                        np.frombuffer(self._size, np.int64))
         spec = "; ".join(f"{n}: {f}" for n, f in self.spec.items())
-        self.description = (f"{description or 'tfrecord files'} ({len(self.files)} files, "
-                            f"{self.length:,} records; {spec})")
+        self.description = (f"{description or 'tfrecord files'} "
+                            f"({format_count(len(self.files), 'file')}, "
+                            f"{format_count(self.length, 'record')}; {spec})")
 
     def _scan(self, i: int, path: Path, scratch: Path) -> None:
         """The first pass over one file: checks, spec, where each record lies."""
@@ -575,9 +577,11 @@ def describe_tfrecords(patterns: str | os.PathLike | Sequence[str | os.PathLike]
         src = open_tfrecords(patterns, Path(scratch))
     lines = [f"TFRecord files {patterns if isinstance(patterns, str) else list(patterns)} "
              f"(not packed: `memfit pack --tfrecord ...` packs them)",
-             f"  {src.length:,} records in {len(src.files)} files, every record checked"]
+             f"  {format_count(src.length, 'record')} in {format_count(len(src.files), 'file')}"
+             f", every record checked"]
     for path, comp, count in zip(src.files, src.compression, src.records_per_file, strict=True):
-        lines.append(f"    {str(path)}  {count:,} records, compression: {comp or 'none'}")
+        lines.append(f"    {str(path)}  {format_count(count, 'record')}, compression: "
+                     f"{comp or 'none'}")
     lines.append("  features (what each record holds → what memfit packs):")
     width = max(len(n) for n in src.spec)
     lines += [f"    {n:<{width}}  {f}" for n, f in src.spec.items()]

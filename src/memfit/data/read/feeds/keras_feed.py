@@ -66,6 +66,7 @@ from memfit.data.read.feeder import WindowFeeder
 from memfit.data.read.files.files_open import InPlace, pack_command
 from memfit.data.read.plan import ReaderPlan
 from memfit.errors import CorruptShardError, DatasetError
+from memfit.sizes import format_count
 
 __all__ = ["KerasFeed", "arrays_feed", "files_feed"]
 
@@ -128,7 +129,8 @@ class KerasFeed(keras.utils.PyDataset):
     def __getitem__(self, index: Any) -> Any:
         index = operator.index(index)
         if not 0 <= index < self._per_pass:
-            raise IndexError(f"memfit.dataset has {self._per_pass} batches a pass. "
+            raise IndexError(f"memfit.dataset has "
+                             f"{format_count(self._per_pass, 'batch', 'batches')} a pass. "
                              f"Received: index={index}")
         e, s = self.next_position()
         try:

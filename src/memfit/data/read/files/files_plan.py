@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from memfit.data.read.plan import MAX_CYCLE, MAX_PREFETCH, plan_summary, steps_per_epoch
 from memfit.errors import DatasetError
-from memfit.sizes import format_size
+from memfit.sizes import format_count, format_size
 
 __all__ = ["FilesPlan", "plan_files", "READ_BUFFER", "CHUNK_RECORDS"]
 
@@ -79,27 +79,24 @@ class FilesPlan:
 
     def __str__(self) -> str:
         if self.by_record:
-            order = (f"file order shuffled per epoch, {_n(self.cycle_length, 'file')} "
-                     f"interleaved, windows of {self.window_samples:,} records each "
+            order = (f"file order shuffled per epoch, {format_count(self.cycle_length, 'file')} "
+                     f"interleaved, windows of {format_count(self.window_samples, 'record')} each "
                      f"permuted whole, each batch read record by record where the records "
                      f"lie" if self.shuffle else
                      "stored order, each batch read record by record where the records lie")
-            how = f"{self.parallel_batches} batches read and decoded in parallel"
+            how = (f"{format_count(self.parallel_batches, 'batch', 'batches')} read and "
+                   f"decoded in parallel")
         else:
-            order = (f"file order shuffled per epoch, {_n(self.cycle_length, 'file')} "
-                     f"interleaved by {_n(self.read_threads, 'thread')}, windows of "
-                     f"{self.window_samples:,} "
-                     f"samples each permuted whole" if self.shuffle else "stored order")
-            how = f"{self.parallel_batches} chunks of {CHUNK_RECORDS} records decoded in parallel"
+            order = (f"file order shuffled per epoch, {format_count(self.cycle_length, 'file')} "
+                     f"interleaved by {format_count(self.read_threads, 'thread')}, windows of "
+                     f"{format_count(self.window_samples, 'sample')} each permuted whole"
+                     if self.shuffle else "stored order")
+            how = (f"{format_count(self.parallel_batches, 'chunk')} of "
+                   f"{format_count(CHUNK_RECORDS, 'record')} decoded in parallel")
         return (f"memfit.dataset {self.path} (read in place, not packed): budget "
                 f"{format_size(self.memory_budget)} → {order}, {how}, prefetch "
-                f"{self.prefetch_batches} batches; about "
+                f"{format_count(self.prefetch_batches, 'batch', 'batches')}; about "
                 f"{format_size(self.estimated_bytes)} in flight. {plan_summary(self)}")
-
-
-def _n(count: int, noun: str) -> str:
-    """``count`` and ``noun``, plural unless one."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def plan_files(path: str, samples: int, records: Sequence[int], *, batch_size: int,

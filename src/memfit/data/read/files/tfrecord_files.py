@@ -43,6 +43,7 @@ from memfit.data.sources.tfrecord_source import (
     open_stream,
 )
 from memfit.errors import CorruptShardError, DatasetError
+from memfit.sizes import format_count
 
 __all__ = ["TFRecordFiles", "open_files", "is_tfrecord_files", "damaged"]
 
@@ -128,8 +129,7 @@ class TFRecordFiles:
 
     def describe(self) -> str:
         shown = ", ".join(str(f) for f in self.files[:2])
-        many = "s" if len(self.files) != 1 else ""
-        return (f"{len(self.files)} TFRecord file{many} ({shown}"
+        return (f"{format_count(len(self.files), 'TFRecord file')} ({shown}"
                 f"{', ...' if len(self.files) > 2 else ''})")
 
 
