@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["MemfitError", "DatasetError", "CorruptShardError", "FrameworkMissingError"]
+import errno
+import os
+
+__all__ = ["MemfitError", "DatasetError", "CorruptShardError", "FrameworkMissingError",
+           "write_failure"]
 
 
 class MemfitError(Exception):
@@ -34,3 +38,32 @@ class FrameworkMissingError(MemfitError, ImportError):
     """A capability needs a framework that is not installed (TensorFlow, Keras); the
     message names the extra that installs it. An :class:`ImportError` too, so that
     ``except ImportError`` still catches it."""
+
+
+_WRITE_HINTS = {errno.ENOSPC: "free space on that disk",
+                errno.EDQUOT: "free space within your disk quota",
+                errno.EFBIG: "raise the file-size limit (ulimit -f)",
+                errno.EROFS: "give a writable --workdir",
+                errno.EACCES: "give a writable --workdir"}
+
+
+def write_failure(error: OSError, default: str = "fix the cause") -> tuple[str, str]:
+    """What a write the disk refused says, in a few words with its code, and what to do:
+    one wording for every file memfit writes in a workdir (checkpoints, the memory log).
+
+    Example:
+        >>> write_failure(OSError(errno.EFBIG, "File too large"))
+        ('File too large (EFBIG)', 'raise the file-size limit (ulimit -f)')
+
+    Args:
+        error: the error the write raised.
+        default: the fix for an error without a known one.
+
+    Returns:
+        ``(what, hint)``: the system's words for the errno with its name, and the fix.
+    """
+    # A library's own text (h5py's) runs over several lines; the errno says it shortly.
+    what = os.strerror(error.errno) if error.errno else str(error)
+    code = errno.errorcode.get(error.errno or 0)
+    return (f"{what} ({code})" if code else what,
+            _WRITE_HINTS.get(error.errno or 0, default))

@@ -228,6 +228,35 @@ def test_bad_input_is_rejected_before_anything_is_written(tmp_path, source, kwar
     assert _ls(out) == []
 
 
+def test_a_damaged_npz_and_a_file_that_is_not_npy_are_one_line_errors(tmp_path, capsys):
+    """An archive cut short (a zip file's start, no end) once raised zipfile's BadZipFile
+    with a traceback; a file that is not NumPy's was answered by NumPy's advice to unpickle
+    it (``allow_pickle=``, ``pickle.load()``)."""
+    from memfit.cli import main
+
+    np.savez(tmp_path / "whole.npz", x=np.zeros((1000, 10)), y=np.arange(1000))
+    whole = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.npz").write_text("x,y\n1,2\n")
+    (tmp_path / "text.npy").write_text("x,y\n1,2\n")
+    with open(tmp_path / "objects.npy", "wb") as f:
+        np.save(f, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    cases = [(str(tmp_path / "cut.npz"), "np.savez"), (str(tmp_path / "text.npz"), "np.savez"),
+             ({"x": str(tmp_path / "text.npy")}, "np.save"),
+             ({"x": str(tmp_path / "objects.npy")}, "dtype object")]
+    for source, fix in cases:
+        with pytest.raises(DatasetError) as e:
+            memfit.pack(source, tmp_path / "out", progress=False)
+        text = str(e.value)
+        named = source if isinstance(source, str) else source["x"]
+        assert repr(named) in text and fix in text, text
+        assert "pickle" not in text.replace("unpickle", ""), text
+        assert not (tmp_path / "out").exists()
+    assert main(["pack", str(tmp_path / "cut.npz"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memfit pack: error: ") and err.count("\n") == 1, err
+
+
 def test_output_holding_a_dataset_needs_overwrite(tmp_path):
     memfit.pack(small_arrays(50), tmp_path / "d", progress=False)
     before = (tmp_path / "d" / MANIFEST).read_text()

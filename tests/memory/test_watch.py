@@ -468,3 +468,46 @@ def test_a_run_that_is_mostly_start_up_is_not_called_a_leak(tmp_path):
     samples = [dataclasses.replace(s, rss=s.rss_anon + s.rss_file) for s in samples]
     verdict = judge(samples, log, since=0, duration=4.0)
     assert verdict.verdict.kind == "too-short", verdict.headline
+
+
+SIGNAL_WHILE_STARTING = """
+    import os, signal, sys
+    import memfit.memory.watch as w
+
+    def at(name):
+        real = getattr(w, name)
+        def late(*args, **kwargs):
+            if name == "start":                 # before the command exists
+                os.kill(os.getpid(), signal.SIGTERM)
+            out = real(*args, **kwargs)
+            if name == "MemoryLog":             # after it started, before the log is open
+                os.kill(os.getpid(), signal.SIGTERM)
+            return out
+        setattr(w, name, late)
+
+    at(sys.argv[2])
+    child = ("import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+             "time.sleep(60)")
+    r = w.watch([sys.executable, "-c", child, sys.argv[3]], workdir=sys.argv[1],
+                interval=0.1, status=open(os.devnull, "w"))
+    print("exit", r.exit_code)
+"""
+
+
+@linux
+@pytest.mark.parametrize("when", ["start", "MemoryLog"])
+def test_a_sigterm_while_the_command_starts_reaches_it_and_watch_goes_on(tmp_path, when):
+    pid_file = tmp_path / "pid"
+    try:
+        out = subprocess.run(py(SIGNAL_WHILE_STARTING, tmp_path / "wd", when, pid_file),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr          # memfit watch was not killed
+        assert out.stdout.split() == ["exit", str(128 + signal.SIGTERM)], out.stdout
+        kinds = [r["event"] for r in events(tmp_path / "wd" / "memory.jsonl")]
+        assert kinds[-2:] == ["exit", "verdict"]
+    finally:                                            # never leave the sleeper behind
+        if pid_file.exists() and pid_file.read_text():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -67,3 +67,14 @@ def test_a_job_record_is_read_back_and_a_bad_one_is_none(tmp_path):
     assert files.read_record() == record
     files.record.write_text('{"name": "a"}')
     assert files.read_record() is None
+
+
+def test_a_record_the_disk_refuses_is_lost_not_raised_and_leaves_no_temporary(tmp_path):
+    files = JobFiles.of(tmp_path, "a").create()
+    files.record.mkdir()                        # the rename cannot land (as on a full disk)
+    record = JobRecord(name="a", command=("python", "x.py"), device="cpu", exit_code=0,
+                       state="finished", peak=5, host_peak=5, share=10, need=4,
+                       need_source="given", duration=1.0, restarts=0, t=2.0)
+    files.write_record(record)                  # the share's loop goes on
+    assert sorted(p.name for p in files.directory.iterdir()) == ["job.json"]
+    assert files.read_record() is None

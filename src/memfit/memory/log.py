@@ -30,7 +30,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -40,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from memfit._version import __version__
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, write_failure
 
 __all__ = ["MemoryLog", "read_log", "check_log", "LogError", "FORMAT", "Event"]
 
 FORMAT = "memfit-log"
 FORMAT_VERSION = 1
+
+log = logging.getLogger("memfit")
+_RECORD_START = '{"t":'                  # how every line MemoryLog writes begins
 
 
 class Event(StrEnum):
@@ -86,45 +91,89 @@ class MemoryLog:
     Several writers (a parent and its children) may append to the same file: each line
     is written with one ``write`` call in append mode, which the OS keeps whole.
 
+    A line the disk refuses (full, ``ulimit -f``) ends this writer's logging, not the
+    run: one warning says so and what to do, and later events are not written (a log
+    is what the run is watched by; a full disk must not end the training it watches).
+    A line the disk cut short is ended before the next writer appends its own.
+
     Args:
         path: the log file (created with its directory if missing).
         source: who writes (``"monitor"``, ``"watch"``, ``"run"``...), recorded in ``start``.
         header: write the ``start`` line (only the first writer of a file should).
         **start_fields: more fields for the ``start`` event (command, budget...).
+
+    Raises:
+        LogError: the file cannot be opened for appending (one line, with what to do).
     """
 
     def __init__(self, path: str | os.PathLike, *, source: str, header: bool = True,
                  **start_fields: Any):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.error: OSError | None = None      # the write the disk refused, if one was
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+        except OSError as e:
+            what, hint = write_failure(e, "choose another --workdir")
+            raise LogError(f"Cannot write the memory log {str(self.path)!r}: {what}; "
+                           f"{hint}.") from None
+        if not _ends_a_line(self.path):
+            self._append("\n")                 # a line cut short: ours starts on a new one
         if header:
             self.write(Event.START, format=FORMAT, format_version=FORMAT_VERSION,
                        memfit=__version__, source=source, **start_fields)
 
     def write(self, event: Event | str, *, pid: int | None = None, t: float | None = None,
               **fields: Any) -> dict:
-        """Appends one event; returns the record written."""
+        """Appends one event; returns the record written (also when the disk refused it:
+        see :attr:`error`)."""
         record = {"t": time.time() if t is None else t,
                   "pid": os.getpid() if pid is None else pid, "event": str(event),
                   **{k: v for k, v in fields.items() if v is not None}}
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        with self._lock:
-            if not self._file.closed:
-                self._file.write(line)
-                self._file.flush()
+        self._append(json.dumps(record, separators=(",", ":")) + "\n")
         return record
 
-    def close(self) -> None:
+    def _append(self, text: str) -> None:
         with self._lock:
-            self._file.close()
+            if self._file.closed:
+                return
+            try:
+                self._file.write(text)
+                self._file.flush()
+            except OSError as e:
+                self.error = e
+                with contextlib.suppress(OSError):     # the close flushes the line again
+                    self._file.close()
+                what, hint = write_failure(e)
+                log.warning("memfit: could not write the memory log %r: %s; the run goes "
+                            "on, but its memory is no longer logged there. To log it, %s.",
+                            str(self.path), what, hint)
+
+    def close(self) -> None:
+        """Closes the file (a close the disk refuses is the warning :meth:`write` gave)."""
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._file.close()
 
     def __enter__(self) -> MemoryLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether ``path`` is empty or its last byte ends a line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return True
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except OSError:
+        return True
 
 
 def check_log(path: str | os.PathLike) -> None:
@@ -158,8 +207,10 @@ def check_log(path: str | os.PathLike) -> None:
 def read_log(path: str | os.PathLike) -> Iterator[dict]:
     """Reads a memfit log, checking that it is one.
 
-    A line cut short at the end (a writer killed mid-line) is skipped; anything else
-    that is not a JSON object with ``t``, ``pid`` and ``event`` is an error.
+    A line cut short at the end (a writer killed mid-line) is skipped, and so is one
+    inside that begins as a record and does not end as one (a line the disk cut short, a
+    full disk or ``ulimit -f``, after which another run appended); anything else that is
+    not a JSON object with ``t``, ``pid`` and ``event`` is an error.
 
     Raises:
         LogError: if the file is missing, empty, or not a memfit log.
@@ -182,6 +233,8 @@ def read_log(path: str | os.PathLike) -> Iterator[dict]:
         except json.JSONDecodeError:
             if number == len(lines) > 1:
                 return                          # the last line was cut short
+            if number > 1 and line.startswith(_RECORD_START):
+                continue                        # cut short by the disk; a run went on
             ok = False
         if number == 1 and not (ok and record.get("format") == FORMAT):
             raise LogError(f"{str(path)!r} is not a memfit log (its first line is not a "

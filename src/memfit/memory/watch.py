@@ -366,18 +366,31 @@ def watch(command: Sequence[str], *, interval: float = 0.5,
     interval = checks.seconds("interval", interval)
     wd = _workdir(workdir)
     since = time.time()
-    proc = start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)})
-    with MemoryLog(wd.log, source="watch", command=command, interval=interval) as log:
-        started = time.time()
-        sampler = TreeSampler(proc.pid, log=log)
-        _sample_until_exit(proc, sampler, interval,
-                           _StatusLine(sys.stderr if status is None else status, started))
-        code = _log_exit(log, proc, started)
-        duration = time.time() - started
-        judged = judge(sampler.samples.items, wd.log, since, duration, command)
-        # The verdict is about the command: log it under the command's pid. (The
-        # explanation of a leak already says that no trim probe could run from outside.)
-        log.write(Event.VERDICT, pid=proc.pid, source="watch", **judged.to_record())
+    target = _Target()
+    # SIGINT/SIGTERM are forwarded from before the command starts: one that came while
+    # it started reaches it too, never kills memfit and leaves it running unwatched.
+    with forward_signals(current=target) as received:
+        proc = target.started(start(command, {**(env or {}), WORKDIR_ENV: str(wd.path)}),
+                              received)
+        try:
+            with MemoryLog(wd.log, source="watch", command=command,
+                           interval=interval) as log:
+                started = time.time()
+                sampler = TreeSampler(proc.pid, log=log)
+                _sample_until_exit(proc, sampler, interval, _StatusLine(
+                    sys.stderr if status is None else status, started))
+                code = _log_exit(log, proc, started)
+                duration = time.time() - started
+                judged = judge(sampler.samples.items, wd.log, since, duration, command)
+                # The verdict is about the command: log it under the command's pid. (The
+                # explanation of a leak says that no trim probe could run from outside.)
+                log.write(Event.VERDICT, pid=proc.pid, source="watch", **judged.to_record())
+        except BaseException:
+            # Like subprocess.run, never leave the command running unattended.
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
     samples = sampler.samples
     final, first = samples.last, samples.items[0] if samples.items else None
     growth = final.anon_or_total - first.anon_or_total if final and first else 0
@@ -395,22 +408,38 @@ def _workdir(workdir: str | os.PathLike) -> Workdir:
     return wd
 
 
+class _Target:
+    """The process :func:`forward_signals` forwards to: none until the command has
+    started; the signals that came before are sent to it once it has (each once)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.missed = 0             # signals the handler had no process for
+
+    def __call__(self) -> subprocess.Popen | None:
+        # Called by the handler once per signal, after it recorded the signal.
+        if self.proc is None:
+            self.missed += 1
+        return self.proc
+
+    def started(self, proc: subprocess.Popen, received: list[int]) -> subprocess.Popen:
+        """Forwards to ``proc`` from now on; sends it the signals that came before."""
+        self.proc = proc
+        for signum in received[:self.missed]:       # a later one the handler forwards
+            if proc.poll() is None:
+                proc.send_signal(signum)
+        return proc
+
+
 def _sample_until_exit(proc: subprocess.Popen, sampler: TreeSampler, interval: float,
                        line: _StatusLine) -> None:
-    """Samples the command's tree every ``interval`` seconds until it exits, forwarding
-    SIGINT/SIGTERM to it and drawing the status line. Like ``subprocess.run``, it never
-    leaves the command running unattended: on any exception here it is killed."""
+    """Samples the command's tree every ``interval`` seconds until it exits, drawing the
+    status line."""
     try:
-        with forward_signals(proc):
-            for _ in ticks(proc, interval):
-                s = sampler.take()
-                if s is not None:
-                    line.update(s, sampler.peak)
-    except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        raise
+        for _ in ticks(proc, interval):
+            s = sampler.take()
+            if s is not None:
+                line.update(s, sampler.peak)
     finally:
         line.clear()
 

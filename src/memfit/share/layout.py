@@ -95,10 +95,15 @@ class JobFiles:
     def write_record(self, record: JobRecord) -> None:
         """Writes ``job.json`` under a temporary name, then renames it: a reader never sees
         half of it. No fsync: the loop that enforces the shares must not wait on the disk
-        (a record lost to a power cut only means the need is learned again)."""
+        (a record lost to a power cut only means the need is learned again). A record the
+        disk refuses (full, ``ulimit -f``) is lost the same way, with no temporary file
+        left: it must not stop the loop, which still watches the other jobs."""
         tmp = temporary_name(self.record)
-        tmp.write_text(json.dumps(record.to_json(), indent=1), encoding="utf-8")
-        os.replace(tmp, self.record)
+        try:
+            tmp.write_text(json.dumps(record.to_json(), indent=1), encoding="utf-8")
+            os.replace(tmp, self.record)
+        except OSError:
+            tmp.unlink(missing_ok=True)
 
     def supervisor_events(self, started: float) -> tuple[list[dict], str]:
         """What a supervised job's ``memfit run`` logged in this directory since the job

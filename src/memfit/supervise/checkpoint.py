@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ from typing import Any
 
 from memfit import checks
 from memfit.atomic import TMP_MARK, file_sha256
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, write_failure
 from memfit.supervise.state import CheckpointState
 
 __all__ = ["Checkpoint", "CheckpointStore", "CheckpointError", "CheckpointWriteError",
@@ -336,17 +335,9 @@ class CheckpointStore:
         return Checkpoint(final, seq, record, state)
 
     def _write_failed(self, name: str, found: list[tuple[int, Path]], error: OSError) -> str:
-        # h5py's own text runs over several lines; the errno says the same in a few words.
-        what = os.strerror(error.errno) if error.errno else str(error)
-        code = errno.errorcode.get(error.errno or 0)
-        hint = {errno.ENOSPC: "free space on that disk",
-                errno.EDQUOT: "free space within your disk quota",
-                errno.EFBIG: "raise the file-size limit (ulimit -f)",
-                errno.EROFS: "give a writable --workdir",
-                errno.EACCES: "give a writable --workdir"}.get(error.errno or 0,
-                                                               "fix the cause")
+        what, hint = write_failure(error)
         kept = (f"the previous checkpoint {found[-1][1].name} is kept; {hint}, then start "
                 f"the run again to resume from it" if found else
                 f"there was no earlier checkpoint; {hint}, then start the run again")
         return (f"Could not write checkpoint {name} in {str(self.directory)!r}: {what}"
-                f"{f' ({code})' if code else ''}. Nothing half-written was left and {kept}.")
+                f". Nothing half-written was left and {kept}.")

@@ -10,12 +10,15 @@ Example:
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memfit.data.format.arrays_format import open_npy
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.errors import DatasetError
 
@@ -49,17 +52,38 @@ def _load_npy(name: str, path: str) -> np.ndarray:
     if other is not None:
         raise DatasetError(f"Feature {name!r}: {path!r} is {other}. Received: {name}={path}")
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb"):
+            pass
     except FileNotFoundError:
         raise DatasetError(f"Feature {name!r}: no such file {path!r}.") from None
     except PermissionError as e:
         raise DatasetError(f"Feature {name!r}: {path!r} cannot be read ({e.strerror}). Give "
                            f"memfit read access to it (chmod), or pack a copy you can "
                            f"read.") from None
-    except (ValueError, OSError) as e:
-        raise DatasetError(f"Feature {name!r}: {path!r} is not a readable .npy file of "
-                           f"numbers ({e}).") from None
+    except OSError:
+        pass                            # a directory...: open_npy says what it is
+    # The one .npy reader (memfit.dataset's too): the header read as data, never a
+    # pickle; truncated files, dtypes and shapes refused with the file named.
+    return open_npy(name, path)
 
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive, read whole (never unpickled)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise DatasetError(f"No such .npz file: {path!r}.") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        if "allow_pickle" in str(e) and zipfile.is_zipfile(path):
+            why = ("holds an array of Python objects (dtype=object), which memfit does not "
+                   "unpickle; save numeric arrays (x.astype('float32'))")
+        else:
+            why = ("is not a readable .npz archive (not a whole zip file of .npy arrays: "
+                   "cut short, or another format)")
+        raise DatasetError(f"{path!r} {why}. Write it again with np.savez(path, x=..., "
+                           f"y=...), or give each array as a .npy file.") from None
 
 
 def open_source(source: Any, *, variable: Iterable[str] = ()) -> ArraySource | StreamSource:
@@ -73,12 +97,7 @@ def open_source(source: Any, *, variable: Iterable[str] = ()) -> ArraySource | S
     if isinstance(source, str | os.PathLike):
         path = str(source)
         if path.endswith(".npz"):
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except FileNotFoundError:
-                raise DatasetError(f"No such .npz file: {path!r}.") from None
-            return ArraySource(arrays, variable=variable, description=path)
+            return ArraySource(_load_npz(path), variable=variable, description=path)
         if path.endswith(".npy"):
             name = Path(path).stem
             return ArraySource({name: _load_npy(name, path)}, variable=variable,
