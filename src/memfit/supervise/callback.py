@@ -123,6 +123,8 @@ class SessionCallback(keras.callbacks.Callback):
         # states to put back after its skipped steps.
         self._epoch_rng: dict | None = None
         self._pending_rng: dict | None = None
+        # A checkpoint taken inside an epoch after a callback stopped the training.
+        self._stop_after_skip = False
 
     # Seeing the other callbacks ------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -171,8 +173,14 @@ class SessionCallback(keras.callbacks.Callback):
                                                   arrays):
                 print(f"memfit: warning: {problem}; the resume is inexact for it.",
                       file=sys.stderr)
-        self._replay_epoch_begin = saved.step > 0 and not saved.stopped
-        if saved.stopped:
+        self._replay_epoch_begin = saved.step > 0
+        if saved.stopped and saved.step:
+            # Stopped inside the epoch (TerminateOnNaN, a callback's stop_training at a
+            # step that was also checkpointed): the epoch still ends as it did, with its
+            # validation and every callback's on_epoch_end; fit stops after its skipped
+            # steps, where it stopped before.
+            self._stop_after_skip = True
+        elif saved.stopped:
             # fit reads the first epoch after on_train_begin: run none.
             self.model._initial_epoch = max(saved.epoch, int(self.params.get("epochs", 0)))
 
@@ -309,6 +317,9 @@ class SessionCallback(keras.callbacks.Callback):
                 if self._skip == 0 and self._pending_rng is not None:
                     rng.restore(self._pending_rng)      # where the checkpoint left them
                     self._pending_rng = None
+                if self._skip == 0 and self._stop_after_skip:
+                    model.stop_training = True          # where the training stopped
+                    self._stop_after_skip = False
                 return (dict(logs), state) if state is not None else dict(logs)
             # Not self.model here: on JAX that syncs the step state into the variables,
             # and the train function is about to donate (free) that state.
