@@ -269,3 +269,28 @@ def test_a_stop_inside_an_epoch_checkpointed_at_that_step_still_ends_the_epoch(t
     assert int(model.optimizer.iterations.numpy()) == 6          # no step trained again
     assert ends.logs == [(0, ["loss", "val_loss"])]
     assert len(history["loss"]) == 1 and np.isnan(history["loss"][0])
+
+
+def test_an_appending_csv_logger_killed_before_the_first_checkpoint_repeats_no_row(tmp_path):
+    """CSVLogger(append=True) keeps the rows its file had before the run; a process that
+    dies after writing epoch 0's row but before the first checkpoint must not leave that
+    row to be written twice."""
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,loss\n9,0.5\n")                   # an earlier run's row: kept
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 1), "float32")
+
+    class Dies(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise _Killed()                          # after CSVLogger, before the checkpoint
+
+    def fit(*extra: keras.callbacks.Callback) -> None:
+        with memfit.session(tmp_path / "wd", seed=5, verbose=0) as s:
+            _model().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[
+                s.callback, keras.callbacks.CSVLogger(str(log), append=True), *extra])
+
+    with pytest.raises(_Killed):
+        fit(Dies())
+    fit()
+    assert [line.split(",")[0] for line in log.read_text().splitlines()] == \
+        ["epoch", "9", "0", "1"]
+    assert not (tmp_path / "wd" / "checkpoints" / callback_state.CSV_START).exists()

@@ -125,6 +125,7 @@ class SessionCallback(keras.callbacks.Callback):
         self._pending_rng: dict | None = None
         # A checkpoint taken inside an epoch after a callback stopped the training.
         self._stop_after_skip = False
+        self._csv_started = False       # csvlogger-start.json removed (after a checkpoint)
 
     # Seeing the other callbacks ------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -154,6 +155,8 @@ class SessionCallback(keras.callbacks.Callback):
         if saved is not None and saved.callbacks is not None:
             self._csv_undo = callback_state.prepare_csv_loggers(callbacks.callbacks,
                                                                 saved.callbacks)
+        elif saved is None:
+            callback_state.start_csv_loggers(callbacks.callbacks, self._csv_start())
         if saved is not None:
             self._warned.update(saved.inexact)
 
@@ -183,6 +186,9 @@ class SessionCallback(keras.callbacks.Callback):
         elif saved.stopped:
             # fit reads the first epoch after on_train_begin: run none.
             self.model._initial_epoch = max(saved.epoch, int(self.params.get("epochs", 0)))
+
+    def _csv_start(self) -> Any:
+        return self.session.store.directory / callback_state.CSV_START
 
     def replaying(self, hook: str) -> bool:
         """Whether ``hook`` (``"epoch_begin"``, ``"batch_begin"``, ``"batch_end"``) now
@@ -436,6 +442,9 @@ class SessionCallback(keras.callbacks.Callback):
                                                              arrays))
         except CheckpointWriteError as e:
             self._stop_unwritable(e)
+        if not self._csv_started:           # the checkpoint holds the CSV sizes now
+            self._csv_started = True
+            self._csv_start().unlink(missing_ok=True)
         s.log.write(Event.CHECKPOINT, epoch=epoch, step=step, reason=reason,
                     name=ckpt.path.name, seconds=round(time.perf_counter() - started, 4),
                     **sample().as_record())
