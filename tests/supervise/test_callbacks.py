@@ -227,3 +227,70 @@ def test_csv_logger_is_cut_back_to_the_checkpoint_and_appends(tmp_path):
     undo = callback_state.prepare_csv_loggers([logger], state)
     assert path.read_text() == "epoch,loss\n0,1.0\n1,0.5\n"
     assert logger.append is True and undo == [(logger, False)]
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_stop_inside_an_epoch_checkpointed_at_that_step_still_ends_the_epoch(tmp_path):
+    """TerminateOnNaN stops at step 6 of epoch 0, a step checkpoint_every=3 also saves; the
+    process dies before the epoch's end checkpoint. Uninterrupted, fit still validates and
+    ends that epoch (history, CSVLogger row, every on_epoch_end); the resume must too,
+    training no step again."""
+    x = np.ones((32, 4), "float32")
+    x[21] = np.nan                                   # batch 5 of 4 samples: a NaN loss
+    y = np.zeros((32, 1), "float32")
+    val = (np.ones((8, 4), "float32"), np.zeros((8, 1), "float32"))
+
+    class Ends(keras.callbacks.Callback):
+        def __init__(self, die: bool):
+            super().__init__()
+            self.die, self.logs = die, []
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.die:
+                raise _Killed()                      # before the epoch's checkpoint
+            self.logs.append((epoch, sorted(logs)))
+
+    def fit(die: bool) -> tuple[keras.Model, Ends, dict]:
+        ends = Ends(die)
+        with memfit.session(tmp_path / "wd", seed=5, checkpoint_every=3, verbose=0) as s:
+            model = _model()
+            history = model.fit(x, y, batch_size=4, epochs=3, shuffle=False,
+                                validation_data=val, verbose=0,
+                                callbacks=[s.callback, keras.callbacks.TerminateOnNaN(),
+                                           ends])
+        return model, ends, history.history
+
+    with pytest.raises(_Killed):
+        fit(die=True)
+    model, ends, history = fit(die=False)
+    assert int(model.optimizer.iterations.numpy()) == 6          # no step trained again
+    assert ends.logs == [(0, ["loss", "val_loss"])]
+    assert len(history["loss"]) == 1 and np.isnan(history["loss"][0])
+
+
+def test_an_appending_csv_logger_killed_before_the_first_checkpoint_repeats_no_row(tmp_path):
+    """CSVLogger(append=True) keeps the rows its file had before the run; a process that
+    dies after writing epoch 0's row but before the first checkpoint must not leave that
+    row to be written twice."""
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,loss\n9,0.5\n")                   # an earlier run's row: kept
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 1), "float32")
+
+    class Dies(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise _Killed()                          # after CSVLogger, before the checkpoint
+
+    def fit(*extra: keras.callbacks.Callback) -> None:
+        with memfit.session(tmp_path / "wd", seed=5, verbose=0) as s:
+            _model().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[
+                s.callback, keras.callbacks.CSVLogger(str(log), append=True), *extra])
+
+    with pytest.raises(_Killed):
+        fit(Dies())
+    fit()
+    assert [line.split(",")[0] for line in log.read_text().splitlines()] == \
+        ["epoch", "9", "0", "1"]
+    assert not (tmp_path / "wd" / "checkpoints" / callback_state.CSV_START).exists()

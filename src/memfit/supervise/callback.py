@@ -125,6 +125,9 @@ class SessionCallback(keras.callbacks.Callback):
         # states to put back after its skipped steps.
         self._epoch_rng: dict | None = None
         self._pending_rng: dict | None = None
+        # A checkpoint taken inside an epoch after a callback stopped the training.
+        self._stop_after_skip = False
+        self._csv_started = False       # csvlogger-start.json removed (after a checkpoint)
 
     # Seeing the other callbacks ------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -154,6 +157,8 @@ class SessionCallback(keras.callbacks.Callback):
         if saved is not None and saved.callbacks is not None:
             self._csv_undo = callback_state.prepare_csv_loggers(callbacks.callbacks,
                                                                 saved.callbacks)
+        elif saved is None:
+            callback_state.start_csv_loggers(callbacks.callbacks, self._csv_start())
         if saved is not None:
             self._warned.update(saved.inexact)
 
@@ -173,10 +178,19 @@ class SessionCallback(keras.callbacks.Callback):
                                                   arrays):
                 print(f"memfit: warning: {problem}; the resume is inexact for it.",
                       file=sys.stderr)
-        self._replay_epoch_begin = saved.step > 0 and not saved.stopped
-        if saved.stopped:
+        self._replay_epoch_begin = saved.step > 0
+        if saved.stopped and saved.step:
+            # Stopped inside the epoch (TerminateOnNaN, a callback's stop_training at a
+            # step that was also checkpointed): the epoch still ends as it did, with its
+            # validation and every callback's on_epoch_end; fit stops after its skipped
+            # steps, where it stopped before.
+            self._stop_after_skip = True
+        elif saved.stopped:
             # fit reads the first epoch after on_train_begin: run none.
             self.model._initial_epoch = max(saved.epoch, int(self.params.get("epochs", 0)))
+
+    def _csv_start(self) -> Any:
+        return self.session.store.directory / callback_state.CSV_START
 
     def replaying(self, hook: str) -> bool:
         """Whether ``hook`` (``"epoch_begin"``, ``"batch_begin"``, ``"batch_end"``) now
@@ -311,6 +325,9 @@ class SessionCallback(keras.callbacks.Callback):
                 if self._skip == 0 and self._pending_rng is not None:
                     rng.restore(self._pending_rng)      # where the checkpoint left them
                     self._pending_rng = None
+                if self._skip == 0 and self._stop_after_skip:
+                    model.stop_training = True          # where the training stopped
+                    self._stop_after_skip = False
                 return (dict(logs), state) if state is not None else dict(logs)
             # Not self.model here: on JAX that syncs the step state into the variables,
             # and the train function is about to donate (free) that state.
@@ -427,6 +444,9 @@ class SessionCallback(keras.callbacks.Callback):
                                                              arrays))
         except CheckpointWriteError as e:
             self._stop_unwritable(e)
+        if not self._csv_started:           # the checkpoint holds the CSV sizes now
+            self._csv_started = True
+            self._csv_start().unlink(missing_ok=True)
         s.log.write(Event.CHECKPOINT, epoch=epoch, step=step, reason=reason,
                     name=ckpt.path.name, seconds=round(time.perf_counter() - started, 4),
                     **sample().as_record())

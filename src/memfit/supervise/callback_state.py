@@ -12,7 +12,8 @@ epoch to the next (:func:`capture`) and writes it back (:func:`restore`):
   which the checkpoint holds), ``ModelCheckpoint`` (``best``, the batches since its last
   save), ``TensorBoard`` (its global train and test step counters), ``CSVLogger`` (the
   file's length at the checkpoint: a resumed process cuts off rows written after it,
-  then appends instead of truncating). ``LearningRateScheduler`` and ``TerminateOnNaN``
+  then appends instead of truncating; :func:`start_csv_loggers` does the same
+  before the first checkpoint). ``LearningRateScheduler`` and ``TerminateOnNaN``
   keep nothing of their own; they are known, so never warned about.
 - Any callback with ``get_state()`` and ``set_state(state)`` (the protocol of Grain's
   iterators): ``get_state`` returns a dict of JSON values and NumPy arrays.
@@ -42,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,10 +52,15 @@ from typing import Any
 import keras
 import numpy as np
 
+from memfit.atomic import write_text_atomic
+
 __all__ = ["capture", "restore", "handled", "keys", "Watcher", "ARRAY_PREFIX",
-           "prepare_csv_loggers"]
+           "prepare_csv_loggers", "start_csv_loggers", "CSV_START"]
 
 ARRAY_PREFIX = "callback."
+# In the checkpoint directory until its first checkpoint: the appending CSVLoggers' file
+# sizes when the run first began (see start_csv_loggers).
+CSV_START = "csvlogger-start.json"
 _ARRAY = "memfit.array"
 _FLOAT = "memfit.float"
 
@@ -278,6 +285,37 @@ def prepare_csv_loggers(callbacks: Sequence[Any], state: Mapping[str, Any]) -> l
         undo.append((cb, cb.append))
         cb.append = True
     return undo
+
+
+def start_csv_loggers(callbacks: Sequence[Any], path: str | os.PathLike) -> None:
+    """Before ``fit``'s callbacks start, when there is no checkpoint yet: a ``CSVLogger``
+    with ``append=True`` keeps its file's rows from before the run, but the rows a
+    process killed before the first checkpoint wrote are cut off (written again by the
+    next one). At the run's first start each such file's size is recorded in ``path``
+    (the session removes it with its first checkpoint, which records the sizes from then
+    on); at a start that finds ``path``, each file is cut back to that size."""
+    loggers = {key: cb for key, cb in keys(callbacks).items()
+               if isinstance(cb, keras.callbacks.CSVLogger) and not _protocol(cb)
+               and cb.append}
+    if not loggers:
+        return
+    try:
+        start = json.loads(open(path, encoding="utf-8").read())
+    except (FileNotFoundError, ValueError):
+        start = None
+    if not isinstance(start, dict):
+        sizes = {key: {"file": os.path.abspath(cb.filename),
+                       "size": os.path.getsize(cb.filename) if os.path.isfile(cb.filename)
+                       else 0} for key, cb in loggers.items()}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_text_atomic(path, json.dumps(sizes))
+        return
+    for key, cb in loggers.items():
+        saved = start.get(key)
+        if isinstance(saved, dict) and saved.get("file") == os.path.abspath(cb.filename) \
+                and isinstance(saved.get("size"), int) and os.path.isfile(cb.filename) \
+                and os.path.getsize(cb.filename) > saved["size"]:
+            os.truncate(cb.filename, saved["size"])
 
 
 def _token(value: Any) -> Any:
