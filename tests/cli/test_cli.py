@@ -69,15 +69,43 @@ def test_pack_inspect_verify_round_trip(tmp_path, capsys):
     (["inspect", "."], "No memfit dataset at '.': manifest.json is missing. No memfit pack "
                        "wrote it: give the directory memfit pack wrote (its -o DIR)"),
     (["verify", "."], "No memfit pack wrote it: give the directory memfit pack wrote"),
-    (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: max_rss='lots'"),
+    # an option named as the user typed it, not as Python spells it
+    (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: --max-rss lots"),
     (["run", "--workdir", "X", "--restart-every", "0", "--", "true"],
-     "Received: restart_every=0"),
+     "--restart-every must be an integer >= 1 (or None), such as 1. It counts epochs. "
+     "Received: --restart-every 0"),
+    (["run", "--max-rss", "2GiB", "--hard-rss", "1GiB", "--", "true"],
+     "--hard-rss must be above --max-rss: the graceful restart at --max-rss comes first"),
+    (["pack", "x=x.npy", "-o", "X", "--shard-size", "0"],
+     "--shard-size must be positive. Received: --shard-size 0"),
+    (["pack", "x=x.npy", "-o", "X", "--seed", "-1"], "--seed must be an integer >= 0"),
+    (["pack", "x=x.npy", "-o", "X", "--label", "y"],
+     "--label applies to CSV and Parquet sources only. Received: --label y"),
+    (["pack", "x=x.npy", "-o", "X", "--image-size", "3,3"],
+     "--images and --image-size go together: the folder and the (height, width) to resize "
+     "to, e.g. --images photos/ --image-size 128,128 (images='photos/', image_size=(128, 128) "
+     "in Python). Received: no --images, --image-size 3,3"),
+    (["pack", "x=x.npy", "-o", "X", "--format", "arrays", "--compression", "GZIP"],
+     "--compression applies to --format tfrecord only; --format arrays writes"),
+    (["pack", "x=x.npy", "-o", "X", "--crop-to-aspect-ratio"],
+     "Received: --crop-to-aspect-ratio, no --images"),
+    (["calibrate", "--runs", "0"], "--runs must be an integer >= 1"),
+    # ...but a name that is the user's own (a feature, a jobs file's key) is left alone
+    (["pack", "x=x.npy", "seed=y.npy", "-o", "X", "--seed", "3"],
+     "Received lengths: x=4, seed=2"),
+    (["share", "jobs.toml", "--restart"], "job 1 ('a'): restart must be true or false. "
+                                          "Received: restart='x'"),
 ])
 def test_cli_errors_are_one_clear_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
+    if argv[0] == "pack":
+        np.save(tmp_path / "x.npy", np.zeros((4, 2), np.float32))
+        np.save(tmp_path / "y.npy", np.zeros((2,), np.int64))
+    (tmp_path / "jobs.toml").write_text("[[job]]\nname = 'a'\ncommand = ['true']\n"
+                                        "restart = 'x'\n")
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"memfit {argv[0]}: error:") and message in err
+    assert err.startswith(f"memfit {argv[0]}: error:") and message in err, err
     assert not (tmp_path / "X").exists()
 
 

@@ -34,6 +34,7 @@ from memfit.cli import (
 from memfit.cli.common import CliSpelling, Parser, cli_spelling, silence_stdout
 from memfit.errors import MemfitError
 from memfit.quiet import quieted
+from memfit.share.jobs import JobsFileError
 
 SUBCOMMANDS = (pack_cmd, inspect_cmd, verify_cmd, watch_cmd, run_cmd, report_cmd,
                estimate_cmd, find_batch_size_cmd, calibrate_cmd, share_cmd, doctor_cmd)
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         if module in QUIET_COMMANDS:
             p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-        p.set_defaults(run=module.run, hide_tensorflow_startup=module in QUIET_COMMANDS)
+        p.set_defaults(run=module.run, hide_tensorflow_startup=module in QUIET_COMMANDS,
+                       cli_options=p.option_names())
     return parser
 
 
@@ -66,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    # a Python name in a message is spelled as typed, for the options the user gave
+    options, given = args.cli_options, set(getattr(args, "cli_given", ()))
     before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     # memfit's own INFO lines, not another library's (matplotlib's "generated new
@@ -73,17 +77,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("memfit").setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:
         if handler not in before:          # the one made here, not another program's
-            handler.setFormatter(CliSpelling("%(message)s"))   # "--overwrite (overwrite=...)"
+            handler.setFormatter(CliSpelling("%(message)s", options, given))  # "--overwrite (...)"
     try:
         with quieted(args.hide_tensorflow_startup and not getattr(args, "verbose", False)):
             code = int(args.run(args) or 0)
             sys.stdout.flush()      # a closed pipe shows up here, inside the handler below
             return code
     except MemfitError as e:
-        print(f"memfit {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
+        # a jobs file's problems name its keys ("restart"), not the options that share a name
+        spelled = cli_spelling(str(e), None if isinstance(e, JobsFileError) else options, given)
+        print(f"memfit {args.command}: error: {spelled}", file=sys.stderr)
         return e.exit_code
     except ValueError as e:
-        print(f"memfit {args.command}: error: {cli_spelling(str(e))}", file=sys.stderr)
+        print(f"memfit {args.command}: error: {cli_spelling(str(e), options, given)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"memfit {args.command}: interrupted", file=sys.stderr)

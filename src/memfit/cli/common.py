@@ -25,7 +25,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
 from memfit.sizes import parse_size
@@ -53,7 +53,17 @@ class Parser(argparse.ArgumentParser):
                          namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
         self._given = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        ns, extras = super().parse_known_args(args, namespace)
+        if self._subparsers is None:        # a command's: the options the user gave
+            ns.cli_given = [a.dest for a in self._actions if a.option_strings
+                            and getattr(ns, a.dest, a.default) != a.default]
+        return ns, extras
+
+    def option_names(self) -> dict[str, str]:
+        """This command's options by their Python name: ``{"batch_size": "--batch-size"}``
+        (the long spelling), for :func:`cli_spelling`."""
+        return {a.dest: max(a.option_strings, key=len) for a in self._actions
+                if a.option_strings and a.dest not in ("help", "version")}
 
     def error(self, message: str) -> NoReturn:
         super().error(message + self._dash_value(message))
@@ -81,14 +91,82 @@ class Parser(argparse.ArgumentParser):
 
 # The library's messages name an option in Python, then on the command line:
 # "overwrite=True (--overwrite)", "on_corrupt='skip' (--on-corrupt skip)",
-# "samples_per_record (--samples-per-record)". A Python spelling has '_' or '='.
-_BOTH = re.compile(r"\b(?P<py>[a-z][a-z0-9]*(?:_[a-z0-9]+)*(?:=(?:'[^']*'|[\w.]+))?) "
-                   r"\((?P<cli>--[a-z][a-z0-9-]*(?: [\w.:,'-]+)?)\)")
+# "samples_per_record (--samples-per-record)", "images='photos/', image_size=(128, 128)
+# (--images photos/ --image-size 128,128)". A Python spelling has '_' or '='.
+_VALUE = r"(?:'[^']*'|\"[^\"]*\"|\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}|[\w.+-]+(?![\w/\\]))"
+_ASSIGN = rf"[a-z][a-z0-9]*(?:_[a-z0-9]+)*(?:={_VALUE})?"
+_BOTH = re.compile(rf"\b(?P<py>{_ASSIGN}(?:, {_ASSIGN})*) "
+                   r"\((?P<cli>--[a-z][a-z0-9-]*(?: [\w.:,'/-]+)*)\)")
+# What cli_spelling leaves alone: the Python spelling it has already put in parentheses.
+_IN_PYTHON = re.compile(r"(\((?:[^()]|\([^()]*\))* in Python\))")
+# Sentence openings that name the option as the subject: "seed must be", "label applies".
+_SUBJECT_VERBS = r"(?:must|applies|apply|needs|names|is|has|and|or|go|goes|cannot|takes)"
 
 
-def cli_spelling(text: str) -> str:
+def _cli_value(name: str, value: str, options: dict[str, str]) -> str:
+    """``name=value`` as it is typed: ``--opt value``; ``--opt`` for True; ``no --opt``
+    for None or False (the option was not given)."""
+    opt = options[name]
+    if value == "True":
+        return opt
+    if value in ("None", "False"):
+        return f"no {opt}"
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        inner = value[1:-1]
+        if inner and not re.search(r"[\s'\"$*?;&|<>()]", inner):
+            value = inner               # shell-plain: --split train=2, --label target
+    return f"{opt} {value}"
+
+
+def _in_call(text: str, at: int) -> bool:
+    """Whether ``text[at]`` lies inside a call the message quotes, Python for Python
+    users: ``memfit.dataset("d", 128, split="train")``."""
+    depth = 0
+    for i in range(at - 1, -1, -1):
+        if text[i] == ")":
+            depth += 1
+        elif text[i] == "(":
+            if depth == 0:
+                return i > 0 and (text[i - 1].isalnum() or text[i - 1] in "_.")
+            depth -= 1
+    return False
+
+
+def _spell_options(text: str, options: dict[str, str], names: Collection[str]) -> str:
+    """``text`` with the Python ``names`` of the command's ``options`` spelled as typed:
+    after ``Received:`` (what the user gave) ``name=value``; before it, only a quoted,
+    True, False or None value (advice such as ``format='tfrecord'``, not a user's feature
+    ``seed=7``); identifiers with '_' that stand alone; a plain word as a subject."""
+    alt = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    edge = r"(?<![\w.'\"/\\-])"             # not inside a word, a quote, a path, an --option
+    head, said, tail = text.rpartition("Received: ")
+    if not said:
+        head, tail = text, ""
+    spelled = [re.sub(rf"{edge}(?P<name>{alt})=(?P<value>{value})",
+                      lambda m: m[0] if _in_call(m.string, m.start()) else
+                      _cli_value(m["name"], m["value"], options), part)
+               for part, value in ((head, r"(?:'[^']*'|\"[^\"]*\"|(?:True|False|None)\b)"),
+                                   (tail, _VALUE))]
+    text = spelled[0] + said + spelled[1]
+    # identifiers (a '_' in them) wherever they stand alone: "shard_size must be positive"
+    bare = "|".join(re.escape(n) for n in names if "_" in n)
+    if bare:
+        text = re.sub(rf"{edge}({bare})(?![\w(=/\\])",
+                      lambda m: m[0] if _in_call(m.string, m.start()) else options[m[1]], text)
+    # plain words only as the subject of a sentence: "seed must be", "label applies"
+    words = "|".join(re.escape(n) for n in names if "_" not in n)
+    if not words:
+        return text
+    return re.sub(rf"(^|: |\. )({words})(?= {_SUBJECT_VERBS}\b)",
+                  lambda m: m[1] + options[m[2]], text)
+
+
+def cli_spelling(text: str, options: dict[str, str] | None = None,
+                 given: Collection[str] | None = None) -> str:
     """``text`` with each option the library names as ``python (--cli)`` named the
-    command line's way first: ``--cli (python in Python)``.
+    command line's way first: ``--cli (python in Python)``; and, given the command's
+    ``options`` (Python name → option, :meth:`Parser.option_names`) and which of them
+    the user ``given`` (default: all), the Python names of those spelled as typed.
 
     Example:
         >>> cli_spelling("Choose another directory, or pass overwrite=True (--overwrite).")
@@ -97,22 +175,56 @@ def cli_spelling(text: str) -> str:
         "or pack with --on-corrupt skip (on_corrupt='skip' in Python) to leave it"
         >>> cli_spelling("mixed precision (--dtype-policy mixed_float16)")   # no Python name
         'mixed precision (--dtype-policy mixed_float16)'
+        >>> opts = {"shard_size": "--shard-size", "seed": "--seed", "images": "--images"}
+        >>> cli_spelling("shard_size must be positive. Received: shard_size='0'", opts)
+        '--shard-size must be positive. Received: --shard-size 0'
+        >>> cli_spelling("seed must be an integer >= 0. Received: seed=-1, images=None", opts)
+        '--seed must be an integer >= 0. Received: --seed -1, no --images'
+        >>> cli_spelling("unknown key 'seed'. Received: seed=3", opts, given=["images"])
+        "unknown key 'seed'. Received: seed=3"
+        >>> cli_spelling("No file 'data/shard_size/x.npy'. Received: shard_size=3", opts)
+        "No file 'data/shard_size/x.npy'. Received: --shard-size 3"
+        >>> cli_spelling("Features differ in length: x=10, seed=7", opts)   # a feature
+        'Features differ in length: x=10, seed=7'
+        >>> cli_spelling("It takes format='tfrecord'", {"format": "--format"})
+        'It takes --format tfrecord'
     """
     def one(m: re.Match) -> str:
         py = m["py"]
         if "_" not in py and "=" not in py:
             return m[0]
         return f"{m['cli']} ({py} in Python)"
-    return _BOTH.sub(one, text)
+    text = _BOTH.sub(one, text)
+    if not options:
+        return text
+    parts = _IN_PYTHON.split(text)
+    # the options the user gave; one said to be None is the command's, not a TOML key
+    none = re.findall(rf"(?<![\w.'\"/\\-])({'|'.join(map(re.escape, options))})=None\b", text)
+    names = [n for n in options if given is None or n in given or n in none]
+    if not names:
+        return text
+    return "".join(part if i % 2 else _spell_options(part, options, names)
+                   for i, part in enumerate(parts))
 
 
 class CliSpelling(logging.Formatter):
     """A logging formatter that words the library's lines (warnings, notes) the command
     line's way (:func:`cli_spelling`), for the handler ``memfit`` logs with. A formatter,
-    not a filter: the record itself is left as the library wrote it, for other handlers."""
+    not a filter: the record itself is left as the library wrote it, for other handlers.
+
+    Args:
+        fmt: the format, as :class:`logging.Formatter` takes it.
+        options, given: the command's options and those the user gave, as
+            :func:`cli_spelling` takes them.
+    """
+
+    def __init__(self, fmt: str | None = None, options: dict[str, str] | None = None,
+                 given: Collection[str] | None = None):
+        super().__init__(fmt)
+        self.options, self.given = options, given
 
     def format(self, record: logging.LogRecord) -> str:
-        return cli_spelling(super().format(record))
+        return cli_spelling(super().format(record), self.options, self.given)
 
 
 class _Command(argparse.Action):

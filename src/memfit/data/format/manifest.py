@@ -104,8 +104,7 @@ def shard_name(split: str, index: int, count: int, compression: str | None) -> s
 
 
 def is_shard_name(name: str) -> bool:
-    """Whether ``name`` is named as :func:`shard_name` names a pack's shards (a user's own
-    ``mine.tfrecords`` is not)."""
+    """Whether ``name`` is a pack's shard name (:func:`shard_name`; ``mine.tfrecords`` isn't)."""
     return re.fullmatch(r".+-\d{5,}-of-\d{5,}\.tfrecord(\.gz|\.zz)?", name) is not None
 
 
@@ -392,9 +391,8 @@ _PACK_STATE = ".memfit-pack-state.json"     # what an unfinished pack leaves (pa
 
 
 def _interrupted(path: Path) -> str:
-    """What to do about a path with no manifest: it is not there; a directory that holds
-    an interrupted pack (its state file or shards named as :func:`shard_name` names
-    them), TFRecord files of another program, or nothing memfit wrote."""
+    """What to do about a path with no manifest: missing, an interrupted pack (state file
+    or :func:`shard_name` shards), another program's TFRecord files, or nothing of memfit."""
     todo = ("give the directory memfit pack wrote (its -o DIR), or pack your data first "
             "(memfit pack ... -o DIR; memfit.pack in Python).")
     if not path.exists():
