@@ -47,6 +47,7 @@ from memfit.supervise.checkpoint import (
     CheckpointWriteError,
     where,
 )
+from memfit.supervise.held_lines import say_held
 from memfit.supervise.metrics import (
     metrics_result,
     read_metrics,
@@ -54,7 +55,6 @@ from memfit.supervise.metrics import (
     restore_metrics_in_state,
     scalar_logs,
 )
-from memfit.supervise.monitor import say_pending
 from memfit.supervise.preempt import SigtermGuard
 from memfit.supervise.restart_protocol import SessionConfigError
 from memfit.supervise.snapshot import fingerprint, load_arrays, load_model, save_model
@@ -465,7 +465,7 @@ class SessionCallback(keras.callbacks.Callback):
         epoch, step = self._position
         s = self.session
         code = 128 + s.preempted if s.preempted else exitcodes.RESTART
-        say_pending()           # the monitor's verdict on the epoch, before the exit line
+        say_held()              # the monitor's verdict on the epoch, before the exit line
         if s.verbose:
             why = "after the signal" if s.preempted else "for a restart"
             # A new line ends Keras's progress bar, where there is one (verbose=1).

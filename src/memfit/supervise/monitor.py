@@ -22,23 +22,10 @@ from memfit.memory.classifier import MIN_VALUES, TOO_SHORT, Verdict, classify, c
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import extended_record
 from memfit.sizes import format_size, parse_size
+from memfit.supervise.held_lines import hold, say_held
 from memfit.workdir import Workdir, default_workdir
 
-__all__ = ["MemoryMonitor", "say_pending"]
-
-# Monitors holding lines until Keras has printed the epoch (MemoryMonitor.say_pending).
-_WAITING: dict[int, MemoryMonitor] = {}
-
-
-def say_pending() -> None:
-    """Prints what every :class:`MemoryMonitor` still holds back: called before a process
-    leaves in the middle of ``fit`` (a restart, a signal), after the epoch's line.
-
-    Example:
-        >>> say_pending()          # nothing held: prints nothing
-    """
-    for monitor in list(_WAITING.values()):
-        monitor.say_pending()
+__all__ = ["MemoryMonitor"]
 
 _ON_LEAK = ("warn", "stop", "restart")
 _DEVICE_LEAK = (
@@ -151,7 +138,6 @@ class MemoryMonitor(keras.callbacks.Callback):
         self._release = ReleaseProbe()
         self._releases_logged = 0
         self._log_shown = False
-        self._pending: list[str] = []     # lines said once Keras has printed the epoch
         self._deferring = False
 
     @property
@@ -181,27 +167,15 @@ class MemoryMonitor(keras.callbacks.Callback):
     # -- what it says ----------------------------------------------------------------------
     def _say(self, text: str) -> None:
         """Prints ``text`` on stderr; inside ``on_epoch_end`` under a progress bar, once
-        Keras has printed the epoch's line (:meth:`say_pending`)."""
+        Keras has printed the epoch's line (:mod:`memfit.supervise.held_lines`)."""
         if self._deferring:
-            self._pending.append(text)
-            _WAITING[id(self)] = self
+            hold(text)
         else:
-            print(text, file=sys.stderr)
-
-    def say_pending(self) -> None:
-        """Prints what :meth:`on_epoch_end` held back. Keras runs the callbacks a user
-        passes before its own progress bar, so a verdict printed there came above the
-        epoch it judged (``Epoch 10/10``, the verdict, then ``282/282 - 10s ...``); it is
-        said at the next epoch's start, at the end of training, or before a restart's
-        exit (:func:`say_pending`)."""
-        _WAITING.pop(id(self), None)
-        lines, self._pending = self._pending, []
-        for text in lines:
             print(text, file=sys.stderr)
 
     # -- Keras hooks -----------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.say_pending()
+        say_held()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._release.disarm()
@@ -350,7 +324,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             return
         self.log.write(Event.EXIT, code=exitcodes.RESTART, epoch=epoch, reason="leak")
         self.log.close()
-        self.say_pending()
+        say_held()
         print(f"memfit: leak found ({format_size(self.verdict.slope)}/epoch); exiting with "
               f"code {exitcodes.RESTART} for a restart. This script has no memfit.session, "
               f"so a restart starts training over: add one to resume where it stopped",
@@ -358,7 +332,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         sys.exit(exitcodes.RESTART)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self.say_pending()
+        say_held()
         if self.log is None:
             return
         self._sample("train_end")
