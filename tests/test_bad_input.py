@@ -74,6 +74,9 @@ CASES = [
      "--on-corrupt applies to images only"),
     (["pack", "--csv", "photos", "--label", "a", "-o", "out"], 2,
      "'photos' is a directory, not a CSV file"),
+    # a pipe (--csv <(zcat t.csv.gz)) exists: it was called missing
+    (["pack", "--csv", "/dev/null", "--label", "a", "-o", "out"], 2,
+     "'/dev/null' is not a regular file (a pipe or a device"),
     (["pack", "--images", "photos", "--image-size", "8,8", "--variable", "image", "-o", "out"],
      2, "--variable applies to arrays, iterables and TFRecord files"),
     (["pack", "--images", "photos", "--image-size", "8,8", "--keep-encoded", "--format",

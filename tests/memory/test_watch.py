@@ -511,3 +511,132 @@ def test_a_sigterm_while_the_command_starts_reaches_it_and_watch_goes_on(tmp_pat
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+SLEEPER = """
+    import os, sys, time
+    sys.stderr = open(os.devnull, "w")      # its own KeyboardInterrupt is not memfit's
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _alive_with(token: str) -> list[int]:
+    """Processes, not zombies, whose command line holds ``token``."""
+    from memfit.memory.process import running
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token in (entry / "cmdline").read_text("utf-8",
+                                                                               "replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return [pid for pid in pids if pid != os.getpid() and running(pid)]
+
+
+# `memfit watch ...` whose command takes 0.1 s longer to start and log to open, before
+# and after: wider windows for a random instant to land in.
+WATCH_SLOWLY = """
+    import sys, time
+    import memfit.memory.watch as w
+    from memfit.cli import main
+
+    def slowly(real):
+        def call(*args, **kwargs):
+            time.sleep(0.1)
+            out = real(*args, **kwargs)
+            time.sleep(0.1)
+            return out
+        return call
+
+    w.start, w.MemoryLog = slowly(w.start), slowly(w.MemoryLog)
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _watch_cli(wd: Path, pid_file: Path, sleep: float, token: str) -> subprocess.Popen:
+    # stderr to a file: a command left running would hold a pipe open
+    with open(f"{wd}.err", "w") as err:
+        return subprocess.Popen(py(WATCH_SLOWLY, "watch", "--interval", "0.05", "--workdir",
+                                   wd, "--", *py(SLEEPER, pid_file, sleep), token),
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+
+@linux
+def test_a_signal_at_any_instant_ends_the_command_and_closes_the_log(tmp_path):
+    # SIGTERM/SIGINT at random instants: before memfit has its handlers, while the command
+    # starts, while it runs, after it exited. Whenever it lands, no command is left
+    # running, a log that was begun ends with exit and verdict, and the exit code is the
+    # command's (128 + N when the signal reached it) or memfit's own death by the signal.
+    import random
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    # How long a run of the short command takes here (busy or not): until it has started,
+    # and until memfit has exited. The random instants are spread around these.
+    calib = _watch_cli(tmp_path / "calib", tmp_path / "calib.pid", 0.3, f"{tmp_path}-c")
+    t0 = time.monotonic()
+    try:
+        while not (tmp_path / "calib.pid").exists() and calib.poll() is None \
+                and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        started = time.monotonic() - t0
+        calib.wait(timeout=60)
+        ended = time.monotonic() - t0
+    finally:
+        for pid in _alive_with(f"{tmp_path}-c"):
+            os.kill(pid, signal.SIGKILL)
+    for i in range(20):
+        signum = (signal.SIGTERM, signal.SIGINT)[i % 2]
+        short = i % 4 >= 2                      # the command exits by itself after 0.3 s
+        delay = (rng.uniform(started, ended) if short
+                 else rng.uniform(0.3 * started, started + 0.5))
+        token, wd = f"{tmp_path}-{i}", tmp_path / f"wd{i}"
+        what = f"try {i} (seed {seed}): {signum.name} after {delay:.2f} s, short={short}"
+        proc = _watch_cli(wd, tmp_path / f"{i}.pid", 0.3 if short else 600, token)
+        try:
+            time.sleep(delay)
+            proc.send_signal(signum)
+            proc.wait(timeout=120)                  # a signal lost: the sleeper holds it
+            err = Path(f"{wd}.err").read_text()
+            assert _alive_with(token) == [], what
+            log = wd / "memory.jsonl"
+            records = events(log) if log.exists() else []
+            if not any(r["event"] == "start" for r in records):
+                # memfit died before it had its handlers: no command had started
+                assert proc.returncode in (-signum, 128 + signum), (what, err)
+                continue
+            assert [r["event"] for r in records][-2:] == ["exit", "verdict"], what
+            code = next(r for r in reversed(records) if r["event"] == "exit")["code"]
+            assert code in ((0, 128 + signum) if short else (128 + signum,)), what
+            assert proc.returncode in (code, -signum, 128 + signum), (what, err)
+            if code == 128 + signum:            # the signal reached it through memfit
+                assert proc.returncode == code and "Traceback" not in err, (what, err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in _alive_with(token):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_watch_puts_the_signal_handlers_back(tmp_path):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    watch([sys.executable, "-c", "pass"], workdir=tmp_path / "wd", interval=0.1,
+          status=io.StringIO())
+    with pytest.raises(CommandStartError):
+        watch([str(tmp_path / "missing")], workdir=tmp_path / "wd")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@linux
+def test_the_command_keeps_a_sigint_its_shell_ignores(tmp_path):
+    # `memfit watch -- python train.py &` in a script: the shell ignores SIGINT for it so
+    # that a Ctrl-C of the script spares it; the command must inherit the ignore.
+    out = subprocess.run(["sh", "-c", 'trap "" INT; exec "$@"', "sh", sys.executable, "-m",
+                          "memfit", "watch", "--workdir", str(tmp_path / "wd"), "--",
+                          sys.executable, "-c",
+                          "import signal; print(signal.getsignal(signal.SIGINT))"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(int(signal.SIG_IGN)), out.stdout

@@ -232,6 +232,11 @@ def forward_signals(proc: subprocess.Popen | None = None, *,
     Yields a list that collects the signals received, so that a supervisor can tell an
     interrupted run from a crash. ``current`` may be a callable returning the process to
     forward to (for a supervisor that replaces its child); otherwise ``proc`` is used.
+
+    A signal this process ignores (``memfit watch -- ... &`` in a script: the shell
+    ignores SIGINT for it) stays ignored: a command started in the block would otherwise
+    lose the ignore, as ``exec`` resets a caught signal to its default, and die of the
+    Ctrl-C its shell meant to keep from it.
     """
     received: list[int] = []
 
@@ -246,7 +251,8 @@ def forward_signals(proc: subprocess.Popen | None = None, *,
     previous = {}
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, forward)
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, forward)
     except ValueError:          # not the main thread: signals stay as they are
         pass
     try:

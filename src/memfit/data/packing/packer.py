@@ -351,9 +351,13 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
         src = open_parquet(inputs["parquet"], csv_dir, label=label)
     elif csv is not None:
         if not Path(csv).is_file():
-            what = "is a directory, not a CSV file" if Path(csv).is_dir() else "does not exist"
-            raise DatasetError(f"{csv!r} {what}: give the path of a CSV file. "
-                               f"Received: csv={csv!r}")
+            what = ("is a directory, not a CSV file: give the path of a CSV file"
+                    if Path(csv).is_dir() else
+                    "is not a regular file (a pipe or a device, and memfit reads a CSV file "
+                    "twice: to check it, then to convert it): save it to a file and give "
+                    "that path" if Path(csv).exists() else
+                    "does not exist: give the path of a CSV file")
+            raise DatasetError(f"{csv!r} {what}. Received: csv={csv!r}")
         paths = csv_to_npy(csv, csv_dir, label=label)     # checks every cell first
         src = open_source(paths)
         src.description = csv
