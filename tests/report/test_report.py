@@ -215,7 +215,7 @@ def test_damaged_line_and_png_output_are_refused(tmp_path, capsys):
     good = tmp_path / "good.jsonl"
     simple_leak(good, epochs=1)
     assert main(["report", str(good), "-o", str(tmp_path / "x.png")]) == 2
-    assert "Received: output=" in capsys.readouterr().err
+    assert "Received: --output " in capsys.readouterr().err
 
 
 def test_help_has_examples(capsys):
