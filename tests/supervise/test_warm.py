@@ -164,6 +164,26 @@ def test_a_script_that_sets_the_backend_already_loaded_stays_warm(tmp_path, monk
     assert [(c.start, c.exit_code) for c in result.children] == [("warm", 75), ("warm", 0)]
 
 
+def test_a_warm_process_keeps_a_sigint_its_shell_ignores(tmp_path):
+    # `memfit run ... &` in a script: the shell ignores SIGINT for it, and a training
+    # started cold inherits that ignore (forward_signals keeps it); a forked one must too.
+    path = script(tmp_path, """
+        import signal
+        import sys
+        import keras
+        open(sys.argv[1], "w").write(str(signal.getsignal(signal.SIGINT)))
+        """)
+    out = tmp_path / "sigint.txt"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = memfit.run([sys.executable, str(path), str(out)], workdir=tmp_path / "wd",
+                            start="warm", out=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert [(c.start, c.exit_code) for c in result.children] == [("warm", 0)]
+    assert out.read_text() == str(signal.SIG_IGN)
+
+
 def test_a_crash_of_a_warm_process_is_retried_as_a_new_interpreter(tmp_path, capfd):
     path = script(tmp_path, """
         import sys

@@ -265,8 +265,12 @@ class WarmParent:
         Raises:
             WarmStartError: the warm parent is gone or did not answer.
         """
+        # A signal memfit run ignores (its shell's `&` in a script: SIGINT) stays ignored
+        # in the training, as it does in a new interpreter (forward_signals keeps it).
+        ignored = [int(s) for s in (signal.SIGINT, signal.SIGTERM)
+                   if signal.getsignal(s) == signal.SIG_IGN]
         request = {"argv": list(self.plan.argv), "script": self.plan.script,
-                   "env": {**os.environ, **env}, "cwd": os.getcwd()}
+                   "env": {**os.environ, **env}, "cwd": os.getcwd(), "ignored": ignored}
         try:
             assert self._to is not None
             self._to.write(json.dumps(request).encode() + b"\n")
@@ -437,6 +441,8 @@ def _run_script(request: dict[str, Any]) -> int:
     global _inherited
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for signum in request.get("ignored", ()):
+        signal.signal(signum, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(request["env"])
     _inherited = dict(os.environ)
