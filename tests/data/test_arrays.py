@@ -346,7 +346,7 @@ def test_cli_pack_arrays_inspect_and_verify(tmp_path, capsys):
     assert "id.npy" in capsys.readouterr().out
     assert main(["pack", f"x={src / 'x.npy'}", "-o", str(tmp_path / "b"), "--format",
                  "arrays", "--compression", "GZIP", "--quiet"]) == 2
-    assert "format='tfrecord' only" in capsys.readouterr().err
+    assert "--format tfrecord only" in capsys.readouterr().err
 
 
 def test_model_fit_from_the_arrays_path(tmp_path):

@@ -287,9 +287,9 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_left(tmp_path):
              (["--images", "empty", "--image-size", "8,8"], "no class sub-folders"),
              (["--images", "flat", "--image-size", "8,8"], "1 images but no class sub-folders"),
              (["--images", "noimages", "--image-size", "8,8"], "hold no images"),
-             (["--images", "photos", "--image-size", "8x0"], "image_size must be two positive"),
-             (["--images", "photos"], "image_size=(128, 128) (--images photos/ "
-                                      "--image-size 128,128)"),
+             (["--images", "photos", "--image-size", "8x0"], "--image-size must be two positive"),
+             (["--images", "photos"], "--images photos/ --image-size 128,128 "
+                                      "(images='photos/', image_size=(128, 128) in Python)"),
              (["--images", "photos", "--image-size", "8,8"], "broken.jpg' does not decode")]
     for args, words in cases:
         r = _run("pack", *args, "-o", "out", "--quiet", cwd=tmp_path)

@@ -39,10 +39,13 @@ def test_estimate_table_with_a_budget_that_does_not_fit(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--batch-size", "0"], "batch_size=0"),
-    (["--optimizer", "adamx"], "optimizer='adamx'"),
-    (["--dtype-policy", "float8"], "dtype_policy='float8'"),
-    (["--budget", "lots"], "budget='lots'"),
+    # the options named as typed, not as Python spells them
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1, such as 32. "
+                            "Received: --batch-size 0"),
+    (["--optimizer", "adamx"], "Received: --optimizer adamx"),
+    (["--dtype-policy", "float8"], "Received: --dtype-policy float8"),
+    (["--budget", "lots"], "--budget is not a size: use a number with an optional unit, "
+                           "such as '512MiB', '2GB', '1.5G' or '4096'. Received: --budget lots"),
 ])
 def test_cli_bad_input_is_one_clear_line_and_exit_2(capsys, argv, message):
     assert main(["estimate", TINY, *argv]) == 2
@@ -117,9 +120,9 @@ def test_find_batch_size_refuses_a_start_below_1(capsys, start):
     argv = ["find-batch-size", TINY, "--budget", "1GiB", "--start", start]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("memfit find-batch-size: error: start must be an integer >= 1")
+    assert err.startswith("memfit find-batch-size: error: --start must be an integer >= 1")
     assert "The first batch size to try" in err
-    assert f"Received: start={start}" in err and err.count("\n") == 1
+    assert f"Received: --start {start}" in err and err.count("\n") == 1
 
 
 def test_an_answer_no_failure_bounded_is_reported_as_a_lower_bound():

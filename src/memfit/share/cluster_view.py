@@ -14,7 +14,7 @@ Example:
     >>> view.feed([{"t": 1.0, "pid": 1, "event": "start", "source": "share", "ray": "local",
     ...             "device": "cpu", "nodes": [{"name": "n1", "memory": 1000}],
     ...             "jobs": [{"name": "a", "share": 600}]}])
-    ['1 jobs on Ray (local), 1 node: n1 (1000 B)']
+    ['1 job on Ray (local), 1 node: n1 (1000 B)']
     >>> view.feed([{"t": 2.0, "pid": 7, "event": "job_start", "job": "a", "node": "n1",
     ...             "attempt": 1, "share": 600}])
     ['started a on node n1 (pid 7, share 600 B)']
