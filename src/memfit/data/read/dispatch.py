@@ -53,13 +53,19 @@ from memfit import checks
 from memfit.data.format.arrays_format import is_arrays_source
 from memfit.data.format.manifest import Manifest, Shard, Split
 from memfit.data.read import arrays_reader
-from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
+from memfit.data.read.arguments import (
+    check_arguments,
+    check_features,
+    check_seed,
+    check_shard,
+    restructured,
+    split_features,
+)
 from memfit.data.read.blocks.block_layout import why_not
 from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
 from memfit.data.read.files.tfrecord_files import is_tfrecord_files
 from memfit.data.read.plan import DatasetPlan, settle_plan
-from memfit.data.read.structure import restructured, split_features
 from memfit.errors import CorruptShardError, DatasetError, FrameworkMissingError
 from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend
 from memfit.quiet import ignore_keras_shuffle_warning, import_tensorflow
@@ -109,7 +115,7 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
             in that order, e.g. ``("x", "y")`` for Keras; any nesting of tuples, lists and
             dicts of names yields that structure, e.g. ``({"image": "image", "table":
             "table"}, "price")`` for a model built on a dict of named inputs, or
-            ``("x", "x")`` for an autoencoder (:mod:`memfit.data.read.structure`).
+            ``("x", "x")`` for an autoencoder (:mod:`memfit.data.read.arguments`).
         memory_budget: bytes the pipeline may hold (``"256MiB"``, ``2**28``...): it sets
             the shuffle window, read parallelism and prefetch depth.
         seed: the order's seed; defaults to the seed the dataset was packed with.

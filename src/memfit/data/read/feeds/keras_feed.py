@@ -61,11 +61,11 @@ from typing import Any
 import keras
 import numpy as np
 
+from memfit.data.read.arguments import place
 from memfit.data.read.arrays_reader import ArraysBatches
 from memfit.data.read.feeder import WindowFeeder
 from memfit.data.read.files.files_open import InPlace, pack_command
 from memfit.data.read.plan import ReaderPlan
-from memfit.data.read.structure import place
 from memfit.errors import CorruptShardError, DatasetError
 from memfit.sizes import format_count
 
@@ -147,7 +147,7 @@ class KerasFeed(keras.utils.PyDataset):
 
     def hand_over_in(self, structure: Any) -> None:
         """Hands each batch over in ``structure``, a nesting of the feed's names
-        (:func:`memfit.data.read.structure.place`), instead of a tuple or a dict.
+        (:func:`memfit.data.read.arguments.place`), instead of a tuple or a dict.
 
         Args:
             structure: tuples, lists and dicts of feature names.
