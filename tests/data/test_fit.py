@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 
@@ -45,8 +47,11 @@ def test_fit_a_model_on_named_inputs_and_an_autoencoder(tmp_path):
     price = (table.sum(axis=1, keepdims=True) + image.mean(axis=(1, 2, 3))[:, None])
     memfit.pack({"table": table, "image": image, "price": price.astype(np.float32)},
                 tmp_path / "ds", samples_per_record=16, progress=False)
-    ds = memfit.dataset(tmp_path / "ds", 32, features=({"table": "table", "image": "image"},
-                                                       "price"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ds = memfit.dataset(tmp_path / "ds", 32, features=({"table": "table", "image": "image"},
+                                                           "price"))
+    assert not [str(w.message) for w in said]                 # no tf.data noise either
     x, y = next(iter(ds))
     assert sorted(x) == ["image", "table"] and tuple(x["image"].shape) == (32, 6, 6, 2)
     assert tuple(y.shape) == (32, 1)

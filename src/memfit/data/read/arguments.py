@@ -185,7 +185,7 @@ def restructured(ds: Any, names: Sequence[str], structure: Any) -> Any:
 
     # tf.data would stack the tensors of a list into one: its lists go as tuples.
     structure = _lists_as_tuples(structure)
-    out = ds.map(lambda *values: place(structure, names, values), deterministic=True)
+    out = ds.map(lambda *values: place(structure, names, values))     # in order: one call
     for attribute in ("memfit_plan", "memfit_epoch_counter"):
         if hasattr(ds, attribute):
             setattr(out, attribute, getattr(ds, attribute))
