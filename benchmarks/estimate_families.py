@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -197,7 +198,7 @@ def rows_of(cases: list[dict], cache: dict) -> list[dict]:
                         for f in p.get("plays") or [p["features"]])
             out.append({**c, "measured": m["measured"], "predicted": point_,
                         "features": p["features"], "plays": p.get("plays"),
-                        "spread": spread(runs_of(m)),
+                        "spread": spread(runs_of(m)), "runs": runs_of(m),
                         "error": (point_ - m["measured"]) / m["measured"],
                         "ratio": m["measured"] / point_,
                         "ratio_held": m["measured"] / held_})
@@ -209,13 +210,16 @@ def spread(runs: list[int]) -> float | None:
     return (max(runs) - min(runs)) / statistics.median(runs) if len(runs) > 1 else None
 
 
-def batch_answers(cases: list[dict], constants: dict | None, high: float) -> list[dict]:
+def batch_answers(cases: list[dict], constants: dict | None, high: float,
+                  every_run: bool = False) -> list[dict]:
     """The estimate's largest batch for a budget of each case's measured memory, ÷ that
     case's batch size (the largest batch known to fit that budget): what
     ``Estimator.max_batch_size`` answers, judged on the panel. The high end is known at the
     model's three panel batch sizes; between and beyond them it is taken as linear in
     the batch (the play's buffers are), so this is the estimator's answer to within that
-    interpolation (``estimate_vs_search.py`` asks the estimator itself)."""
+    interpolation (``estimate_vs_search.py`` asks the estimator itself). ``every_run``:
+    the budget is the largest of the case's runs instead of their median, so that the
+    case's batch is one that fitted in every run (judged against the noise)."""
     models: dict = {}
     for r in cases:
         models.setdefault((r["model"], r["dtype"]), []).append(r)
@@ -226,8 +230,9 @@ def batch_answers(cases: list[dict], constants: dict | None, high: float) -> lis
             continue
         pts = [(r["batch"], banded(r, held(r, constants), high)) for r in rs]
         for r in rs:
+            budget = max(r["runs"] or [r["measured"]]) if every_run else r["measured"]
             out.append({"model": r["model"], "batch": r["batch"], "family": r["family"],
-                        "ratio": largest_under(pts, r["measured"]) / r["batch"]})
+                        "ratio": largest_under(pts, budget) / r["batch"]})
     return out
 
 
@@ -325,6 +330,11 @@ def kfold(rows: list[dict], refit: bool = True) -> dict[str, dict]:
         errs = [point(r, c) / r["measured"] - 1 for r in test]
         out[family] = {"constants": c, "low": lo, "high": hi, "cases": len(test),
                        "errors": errs, "answers": batch_answers(test, c, hi),
+                       "answers_every_run": batch_answers(test, c, hi, every_run=True),
+                       "runs_above_high": [max(r["runs"]) / banded(r, held(r, c), hi) - 1
+                                           for r in test if len(r["runs"]) > 1
+                                           and max(r["runs"]) > banded(r, held(r, c), hi)],
+                       "with_runs": sum(len(r["runs"]) > 1 for r in test),
                        "slopes": slopes(test, c),
                        "above_high": sum(r["measured"] > banded(r, held(r, c), hi)
                                          for r in test),
@@ -332,6 +342,40 @@ def kfold(rows: list[dict], refit: bool = True) -> dict[str, dict]:
                                         for r in test),
                        "worst_above": max((r["measured"] / banded(r, held(r, c), hi) - 1
                                            for r in test), default=0.0)}
+    return out
+
+
+def _line(rs: list[dict], value: Callable[[dict], float]) -> tuple[float, float]:
+    """``(at batch 0, per sample)`` of ``value(r)`` through a model's smallest and largest
+    panel batch sizes."""
+    lo, hi = rs[0], rs[-1]
+    slope = (value(hi) - value(lo)) / (hi["batch"] - lo["batch"])
+    return value(lo) - slope * lo["batch"], slope
+
+
+def parts_lines(rows: list[dict]) -> list[str]:
+    """Issue 27's wide MLPs taken apart: per model, what the high end predicts and what
+    was measured (beyond the exact weights, slots and input), split into the part at
+    batch 0 (runtime, gradients, the optimizer's temporaries: weight-shaped) and the part
+    a sample adds, each measured ÷ predicted; constants as shipped, no band."""
+    models: dict = {}
+    for r in rows:
+        models.setdefault((r["model"], r["dtype"]), []).append(r)
+    out = ["| model | family | at batch 0: predicted MiB | measured MiB | measured ÷ "
+           "predicted | a sample adds: measured ÷ predicted | spread of runs (each batch) |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    table = []
+    for (name, _), rs in models.items():
+        rs = sorted(rs, key=lambda r: r["batch"])
+        if len(rs) < 2:
+            continue
+        f_p, s_p = _line(rs, lambda r: held(r, None) - r["features"]["exact"])
+        f_m, s_m = _line(rs, lambda r: r["measured"] - r["features"]["exact"])
+        table.append((f_m / f_p, name, rs[0]["family"], f_p, f_m, s_m / s_p,
+                      [f"{(r['spread'] or 0) * 100:.0f} %" for r in rs]))
+    for ratio, name, family, f_p, f_m, slope, spreads in sorted(table, reverse=True):
+        out.append(f"| {name} | {family} | {f_p / 2**20:,.1f} | {f_m / 2**20:,.1f} | "
+                   f"{ratio:.3f} | {slope:.3f} | {', '.join(spreads)} |")
     return out
 
 
@@ -422,6 +466,17 @@ def kfold_lines(folds: dict[str, dict], rows: list[dict], refit: bool = True) ->
                      f"{answers[0]:.2f}; above 1 in {sum(a > 1 for a in answers)} of "
                      f"{len(answers)}; 0 in {sum(a == 0 for a in answers)}."
                      if answers else ""), ""]
+    with_runs = sum(f["with_runs"] for f in folds.values())
+    if with_runs:
+        over = sorted(x for f in folds.values() for x in f["runs_above_high"])
+        every = sorted(a["ratio"] for f in folds.values() for a in f["answers_every_run"])
+        lines += [f"**Judged run by run** ({with_runs} cases measured more than once): "
+                  f"{len(over)} have a run above the high end"
+                  + (f" (by {_pct(over[0])} to {_pct(over[-1])})" if over else "")
+                  + f". With the budget at the largest of a case's runs (its batch fitted in "
+                  f"every run), the largest batch ÷ that batch: median "
+                  f"{statistics.median(every):.2f}, 0 in {sum(a == 0 for a in every)} of "
+                  f"{len(every)}.", ""]
     if not refit:
         lo, hi = band(rows)
         return [*lines, f"The shipped constants, band on every family (for `BANDS`): "
@@ -461,6 +516,9 @@ def main() -> None:
     p.add_argument("--shipped-constants", action="store_true",
                    help="judge the constants the estimator ships (fitted elsewhere); only the "
                         "band is chosen by family")
+    p.add_argument("--parts", action="store_true",
+                   help="with --report-only: per model, the part at batch 0 and the part a "
+                        "sample adds, measured ÷ predicted (issue 27's wide MLPs taken apart)")
     p.add_argument("--repredict", action="store_true",
                    help="drop the cached predictions of these cases and play them again")
     args = p.parse_args()
@@ -494,7 +552,9 @@ def main() -> None:
     predict([c for c in cases if c["key"] in cache["measured"]], cache, args.cache)
     for allocator in allocators:
         rows = rows_of([c for c in cases if c["allocator"] == allocator], cache)
-        if rows:
+        if rows and args.parts:
+            print("\n".join(parts_lines(rows)))
+        elif rows:
             print(report(rows, allocator, refit=not args.shipped_constants))
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 __all__ = ["MemfitError", "DatasetError", "CorruptShardError", "FrameworkMissingError",
-           "write_failure"]
+           "write_failure", "cause"]
 
 
 class MemfitError(Exception):
@@ -67,3 +68,30 @@ def write_failure(error: OSError, default: str = "fix the cause") -> tuple[str, 
     code = errno.errorcode.get(error.errno or 0)
     return (f"{what} ({code})" if code else what,
             _WRITE_HINTS.get(error.errno or 0, default))
+
+
+#: Terminal colour and cursor codes (Keras colours its messages) and runs of whitespace.
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SPACE = re.compile(r"\s+")
+
+
+def cause(error: BaseException, limit: int = 300) -> str:
+    r"""A framework's exception as it goes inside one of memfit's one-line messages: its
+    type and text, without terminal colour codes, its lines joined, cut at ``limit``
+    characters. Keras's own messages run over several lines and colour a part of them.
+
+    Example:
+        >>> cause(ValueError("Exception when calling Functional.call().\n\n\x1b[1mThe "
+        ...                  "structure doesn't match.\x1b[0m"))
+        "ValueError: Exception when calling Functional.call(). The structure doesn't match."
+        >>> cause(RuntimeError("x" * 10), limit=5)
+        'RuntimeError: xxxx…'
+
+    Args:
+        error: the exception a framework raised.
+        limit: the most characters of its text to keep.
+    """
+    text = _SPACE.sub(" ", _ESCAPES.sub("", str(error))).strip()
+    if len(text) > limit:
+        text = text[:limit - 1].rstrip() + "…"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

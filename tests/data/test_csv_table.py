@@ -10,7 +10,7 @@ from memfit.errors import DatasetError
 
 def _columns(tmp_path, text, label=None, encoding="utf-8"):
     (tmp_path / "t.csv").write_text(text, encoding=encoding)
-    paths = csv_to_npy(str(tmp_path / "t.csv"), tmp_path / "npy", label=label)
+    paths, _ = csv_to_npy(str(tmp_path / "t.csv"), tmp_path / "npy", label=label)
     return {name: np.load(p) for name, p in paths.items()}
 
 
@@ -47,3 +47,18 @@ def test_column_names_that_cannot_be_features_are_refused(tmp_path, header, labe
 def test_an_empty_cell_is_named_a_missing_value(tmp_path):
     with pytest.raises(DatasetError, match="line 3 column 'b' is empty .a missing value"):
         _columns(tmp_path, "a,b\n1,2\n3,\n")
+
+
+def test_the_manifest_says_which_column_is_which_value_of_x(tmp_path):
+    # x stacks the columns: without their names in order, nobody could tell x[:, 1].
+    import memfit
+    from memfit.data.format.manifest import Manifest
+
+    (tmp_path / "t.csv").write_text("age,income,target,rooms\n30,1.5,0,3\n41,2.5,1,4\n")
+    memfit.pack(csv=str(tmp_path / "t.csv"), label="target", output=tmp_path / "ds",
+                progress=False)
+    source = Manifest.load(tmp_path / "ds").source
+    assert source == f"csv {tmp_path / 't.csv'} (2 rows; x = age, income, rooms; y = target)"
+    memfit.pack(csv=str(tmp_path / "t.csv"), output=tmp_path / "each", progress=False)
+    assert Manifest.load(tmp_path / "each").source.endswith(
+        "(2 rows; 4 columns, each a feature of its name)")

@@ -8,6 +8,7 @@ plan, the same batches batch for batch over two shuffled epochs, the same error.
 """
 
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -88,7 +89,12 @@ def _cases(root: Path) -> dict[str, tuple[dict, int]]:
         "blocks_tuples_drop": (dict(path=ds, batch_size=50, split="train",
                                     features=["x", "id"], drop_remainder=True,
                                     memory_budget="128KiB"), 2),
+        # a model's named inputs and its target; a feature in two places (autoencoders)
+        "blocks_structured": (dict(path=ds, batch_size=64, split="train",
+                                   features=({"b": "id", "a": "x"}, "x"),
+                                   memory_budget="128KiB"), 1),
         "arrays": (dict(path=npy, batch_size=64, seed=3), 2),
+        "arrays_structured": (dict(path=npy, batch_size=64, features=[{"x": "x"}, ["y"]]), 1),
         "arrays_epochs_range": (dict(path=npy, batch_size=64, features=["id", "x"],
                                      epoch=2, epochs=4), 1),
         # several windows an epoch: 1.6 MiB buys the readers and about 300 records
@@ -103,7 +109,17 @@ def _cases(root: Path) -> dict[str, tuple[dict, int]]:
     }
 
 
-FEED_SCRIPT = """
+def leaves(batch, key=""):
+    """``(key, array)`` of every array of a batch, however nested: a dict's by its keys, a
+    tuple's or a list's by their places (``0``, ``1.image``...)."""
+    items = (batch.items() if isinstance(batch, dict) else enumerate(batch)
+             if isinstance(batch, tuple | list) else None)
+    if items is None:
+        return [(key, batch)]
+    return [leaf for k, v in items for leaf in leaves(v, f"{key}.{k}" if key else str(k))]
+
+
+FEED_SCRIPT = textwrap.indent(inspect.getsource(leaves), "    ") + """
     import json, sys
     import numpy as np
     import memfit
@@ -115,9 +131,7 @@ FEED_SCRIPT = """
         out = {}
         for p in range(passes):
             for b, batch in enumerate(ds):                  # PyDataset.__iter__: a pass
-                items = batch.items() if isinstance(batch, dict) else enumerate(
-                    batch if isinstance(batch, tuple) else (batch,))
-                for k, v in items:
+                for k, v in leaves(batch):
                     out[f"{p}/{b}/{k}"] = np.asarray(v)
         np.savez(f"{name}.npz", **out)
         plans[name] = [type(ds).__name__, type(ds.memfit_plan).__name__,
@@ -144,15 +158,14 @@ def _tf_passes(kw: dict, passes: int) -> tuple[dict, object]:
     out = {}
     for p in range(passes):
         for b, batch in enumerate(ds):                      # a new iterator: a pass
-            items = batch.items() if isinstance(batch, dict) else enumerate(
-                batch if isinstance(batch, tuple) else (batch,))
-            for k, v in items:
+            for k, v in leaves(batch):
                 out[f"{p}/{b}/{k}"] = v.numpy()
     return out, ds.memfit_plan
 
 
 @pytest.mark.parametrize("case", ["blocks", "blocks_one_window", "blocks_epochs_range",
-                                  "blocks_tuples_drop", "arrays", "arrays_epochs_range",
+                                  "blocks_tuples_drop", "blocks_structured", "arrays",
+                                  "arrays_structured", "arrays_epochs_range",
                                   "files", "files_tuples_drop_epochs_range",
                                   "files_stored_order"])
 def test_the_same_plan_and_the_same_batches_as_the_tf_path(case, sources, jax_read):

@@ -143,3 +143,13 @@ def test_the_cli_packs_parquet_with_buffers_returned_when_freed(tmp_path):
     assert seen["parquet"] == ["fixed", "system"]
     assert seen["images"][0] == "default" and seen["images"][1] != "system"
     assert seen["arrays"][0] == "default" and seen["arrays"][1] != "system"
+
+
+def test_the_manifest_names_every_column_of_x_in_order(tmp_path):
+    # It said "x = 6 columns" beyond four: which value of x is which column was lost.
+    names = [f"f{i}" for i in range(6)]
+    table = {n: np.arange(10, dtype=np.float32) + i for i, n in enumerate(names)}
+    pq.write_table(pa.table({**table, "target": np.arange(10)}), tmp_path / "w.parquet")
+    memfit.pack(parquet=tmp_path / "w.parquet", label="target", output=tmp_path / "ds",
+                progress=False)
+    assert "x = f0, f1, f2, f3, f4, f5; y = target" in Manifest.load(tmp_path / "ds").source

@@ -64,3 +64,29 @@ def cnn() -> keras.Model:
     layers += [keras.layers.Flatten(), keras.layers.Dense(256, activation="relu"),
                keras.layers.Dense(10)]
     return keras.Sequential(layers, name="cnn")
+
+
+def named() -> keras.Model:
+    """Named inputs and outputs (dicts), as Keras's guides build multi-input models:
+    ``model({"table": ..., "image": ...})`` -> ``{"price": ..., "kind": ...}``."""
+    table, image = keras.Input((8,), name="table"), keras.Input((6, 6, 2), name="image")
+    h = keras.layers.Concatenate()([
+        keras.layers.Dense(4, activation="relu")(table),
+        keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(3, 3)(image))])
+    return keras.Model({"table": table, "image": image},
+                       {"price": keras.layers.Dense(1, name="price")(h),
+                        "kind": keras.layers.Dense(5, name="kind")(h)}, name="named")
+
+
+class CallFails(keras.Model):
+    """A model whose call fails with a message as Keras writes them: several lines, a
+    part in bold."""
+
+    def call(self, x: object) -> object:
+        raise ValueError("Exception encountered when calling CallFails.call().\n\n"
+                         "\x1b[1mThe input is not what this model takes.\x1b[0m\n\n"
+                         "Arguments received:\n  • x=tensor")
+
+
+def call_fails() -> keras.Model:
+    return CallFails(name="call_fails")

@@ -118,6 +118,39 @@ def test_sequential_functional_nested_and_subclassed_agree(tiny_adam, factory, s
     assert abs(e.step_peak - plain.step_peak) <= 256
 
 
+def test_named_inputs_and_outputs_are_fed_as_the_dicts_the_model_takes():
+    # A Functional model built on a dict of Inputs takes a dict: a list in model.inputs'
+    # order (the keys sorted: image, table) was refused, and nothing could be estimated.
+    e = memfit.estimate_memory(f"{MODELS}:named", 16, optimizer="sgd")
+    per_sample = (8 + 6 * 6 * 2) * 4 + (1 + 5) * 4          # inputs + float32 targets
+    assert e.input_batch == 16 * per_sample
+    conv, dense = 3 * 3 * 2 * 3 + 3, 8 * 4 + 4
+    assert e.params_trainable == conv + dense + (4 + 3) * 1 + 1 + (4 + 3) * 5 + 5
+    assert e.step_peak > 0
+
+
+def test_the_measured_step_feeds_named_inputs_and_targets_too():
+    # The measuring child (find-batch-size, --measure) trains on make_batch's batch.
+    from memfit.estimate.training import make_batch, prepare
+
+    setup = prepare(f"{MODELS}:named", optimizer="sgd")
+    x, y = make_batch(setup, 4)
+    assert sorted(x) == ["image", "table"] and tuple(x["image"].shape) == (4, 6, 6, 2)
+    assert sorted(y) == ["kind", "price"] and tuple(y["kind"].shape) == (4, 5)
+    loss = setup.model.train_on_batch(x, y)
+    assert float(loss if not isinstance(loss, list) else loss[0]) >= 0
+
+
+def test_a_model_that_cannot_be_called_is_said_in_one_line():
+    with pytest.raises(EstimateError) as info:
+        memfit.estimate_memory(f"{MODELS}:call_fails", 4, input_shape=(8,))
+    message = str(info.value)
+    assert "\n" not in message and "\x1b" not in message
+    assert message.startswith("The model cannot be called on inputs of shape 8 (ValueError: ")
+    assert "The input is not what this model takes." in message
+    assert message.endswith("Check --input-shape.")
+
+
 def test_a_live_model_and_keras_applications_work():
     import keras
 

@@ -58,6 +58,8 @@ def test_xla_s_parts_add_up_and_the_range_holds_the_point(tmp_path):
                       "exact": est.exact(b), "max": e.max_batch_size, "verdict": e.verdict}
         best = est.max_batch_size("512MiB")
         out["edge"] = [est.high(best), est.high(best + 1)]
+        named = XlaEstimator("models:named", optimizer="sgd").at(4)   # dicts in and out
+        out["named"] = [named.input_batch, named.params_trainable]
         print(json.dumps(out))
     """)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -76,6 +78,7 @@ def test_xla_s_parts_add_up_and_the_range_holds_the_point(tmp_path):
         assert c["verdict"] == "fits"
     assert r["8"]["step"]["temporaries"] < r["512"]["step"]["temporaries"]
     assert r["edge"][0] <= 512 * 2**20 < r["edge"][1]             # max_batch_size's edge
+    assert r["named"] == [4 * ((8 + 6 * 6 * 2) + (1 + 5)) * 4, 57 + 36 + 8 + 40]
 
 
 def test_the_measuring_child_and_find_batch_size_run_on_jax(tmp_path):

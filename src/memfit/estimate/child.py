@@ -32,6 +32,7 @@ import sys
 import time
 from typing import Any
 
+from memfit.errors import cause
 from memfit.estimate.child_protocol import Report, emit
 from memfit.estimate.model import EstimateError, ModelSpec
 from memfit.estimate.training import make_batch, prepare
@@ -132,7 +133,7 @@ def train(request: dict) -> None:
     except Exception as e:      # noqa: BLE001
         if not _out_of_memory(e):
             raise
-        emit(Report.ERROR, kind="oom", message=f"{type(e).__name__}: {str(e)[:300]}")
+        emit(Report.ERROR, kind="oom", message=f"{cause(e)}")
         sys.exit(3)
     emit(Report.RESULT, **_train_result(m, base, steps, device))
 

@@ -51,6 +51,7 @@ import dataclasses
 import os
 from typing import Any
 
+from memfit.errors import cause
 from memfit.estimate.advice import advice
 from memfit.estimate.band import BANDS, banded, largest_batch
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
@@ -153,7 +154,7 @@ class Estimator:
             raise
         except Exception as e:     # noqa: BLE001
             raise EstimateError(f"Cannot trace a training step of the model "
-                                f"({type(e).__name__}: {e}).") from None
+                                f"({cause(e)}).") from None
         m = self.setup.model
         self.weights = param_bytes(m.weights)
         opt = self.setup.optimizer

@@ -243,15 +243,14 @@ def trace(setup: Any, cpu: bool = True, threads: int | None = None,
 
 def _probe_batch(setup: Any) -> tuple[Any, Any]:
     """Symbolic inputs and targets of :data:`~memfit.estimate.kernels.PROBE_BATCH`
-    samples (a list when there are several)."""
+    samples, structured as the model takes them (:meth:`~memfit.estimate.training.Setup.batch`)."""
     import tensorflow as tf
 
     def spec(shape: tuple[int, ...], dtype: str) -> Any:
         return tf.TensorSpec((PROBE_BATCH, *shape), dtype)
 
-    xs = [spec(s, d) for s, d in setup.inputs]
-    ys = [spec(s, d) for s, d in setup.targets]
-    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
+    return setup.batch([spec(s, d) for s, d in setup.inputs],
+                       [spec(s, d) for s, d in setup.targets])
 
 
 @dataclasses.dataclass

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from memfit import checks
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, cause
 
 __all__ = ["ModelSpec", "EstimateError", "load", "check_source", "parse_input_shape",
            "check_policy", "check_batch_size", "input_errors", "input_specs", "target_specs",
-           "policy_scope"]
+           "policy_scope", "structure_of", "input_structure", "packed"]
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
@@ -252,7 +252,7 @@ def _import_function(source: str) -> Any:
             module = importlib.import_module(module_name)
     except Exception as e:          # noqa: BLE001
         raise EstimateError(f"Cannot import {module_name!r} for model={source!r}: "
-                            f"{type(e).__name__}: {e}") from None
+                            f"{cause(e)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -270,7 +270,7 @@ def _call_factory(factory: Any, source: str, input_shape: Any) -> Any:
     try:
         return factory(**kwargs)
     except Exception as e:          # noqa: BLE001 - the user's code: report, don't crash
-        raise EstimateError(f"The model factory {source!r} raised {type(e).__name__}: {e}. "
+        raise EstimateError(f"The model factory {source!r} raised {cause(e)}. "
                             f"Fix the function so that it returns a keras.Model.") from None
 
 
@@ -351,7 +351,7 @@ def _clone_under(model: Any, policy: str) -> Any:
             return keras.models.clone_model(model, clone_function=clone)
         except Exception as e:      # noqa: BLE001
             raise EstimateError(f"Cannot rebuild the model under dtype_policy={policy!r} "
-                                f"({type(e).__name__}: {e}). Build it under the policy "
+                                f"({cause(e)}). Build it under the policy "
                                 f"yourself (keras.config.set_dtype_policy) and pass "
                                 f"dtype_policy=None.") from None
 
@@ -408,11 +408,63 @@ def _fmt(shapes: Any) -> str:
     return ";".join(",".join(str(d) for d in s) for s in shapes)
 
 
-def _symbolic_inputs(specs: list[tuple[tuple[int, ...], str]], batch: int | None) -> Any:
+def structure_of(value: Any) -> Any:
+    """``value`` where its structure must be kept to call the model or its loss -- a
+    dict (a Functional model built on a dict of inputs, or one with a dict of outputs) or
+    containers inside a container -- else ``None``: one tensor or a flat list, which
+    memfit passes as they are.
+
+    Example:
+        >>> structure_of({"image": 1, "table": 2}), structure_of([1, 2]), structure_of(1)
+        ({'image': 1, 'table': 2}, None, None)
+
+    Args:
+        value: a model's ``input`` (or the outputs of calling it), or anything.
+    """
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list | tuple) and any(isinstance(v, list | tuple | dict)
+                                                for v in value):
+        return value
+    return None
+
+
+def input_structure(model: Any) -> Any:
+    """The structure of the model's inputs where it must be kept (:func:`structure_of`
+    of a Functional model's ``input``), else ``None``."""
+    try:
+        return structure_of(model.input)
+    except Exception:        # noqa: BLE001 -- a model never called has no ``input``
+        return None
+
+
+def packed(structure: Any, flat: list) -> Any:
+    """``flat`` (tensors in the order of ``keras.tree.flatten``, as ``model.inputs`` lists
+    them) as the model takes them: in ``structure`` (:func:`structure_of`), else one
+    tensor alone or the list.
+
+    Example:
+        >>> packed({"table": None, "image": None}, ["i", "t"])
+        {'table': 't', 'image': 'i'}
+        >>> packed(None, ["x"]), packed(None, ["a", "b"])
+        ('x', ['a', 'b'])
+
+    Args:
+        structure: what :func:`structure_of` returned, or ``None``.
+        flat: the tensors.
+    """
+    if structure is None:
+        return flat[0] if len(flat) == 1 else list(flat)
     import keras
 
-    tensors = [keras.KerasTensor((batch, *s), dtype=d) for s, d in specs]
-    return tensors[0] if len(tensors) == 1 else tensors
+    return keras.tree.pack_sequence_as(structure, list(flat))
+
+
+def _symbolic_inputs(specs: list[tuple[tuple[int, ...], str]], batch: int | None,
+                     structure: Any = None) -> Any:
+    import keras
+
+    return packed(structure, [keras.KerasTensor((batch, *s), dtype=d) for s, d in specs])
 
 
 def ensure_built(model: Any, specs: list[tuple[tuple[int, ...], str]]) -> Any:
@@ -423,12 +475,12 @@ def ensure_built(model: Any, specs: list[tuple[tuple[int, ...], str]]) -> Any:
     """
     import keras
 
-    x = _symbolic_inputs(specs, None)
+    x = _symbolic_inputs(specs, None, input_structure(model))
     try:
         return keras.src.backend.compute_output_spec(model, x)
     except Exception as e:          # noqa: BLE001
         raise EstimateError(f"The model cannot be called on inputs of shape "
-                            f"{_fmt([s for s, _ in specs])} ({type(e).__name__}: {e}). "
+                            f"{_fmt([s for s, _ in specs])} ({cause(e)}). "
                             f"Check --input-shape.") from None
 
 

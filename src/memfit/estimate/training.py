@@ -17,13 +17,17 @@ import dataclasses
 import os
 from typing import Any
 
+from memfit.errors import cause
 from memfit.estimate.model import (
     EstimateError,
     ensure_built,
     input_specs,
+    input_structure,
     is_model_file,
     load,
+    packed,
     policy_scope,
+    structure_of,
     target_specs,
 )
 from memfit.estimate.optimizers import make_optimizer
@@ -88,6 +92,10 @@ class Setup:
         optimizer: the optimizer it was compiled with (a Keras object).
         assumed: what the step assumes that the model did not say, in words (the loss:
             :func:`loss_assumption`).
+        input_structure: how the model takes its inputs where a flat list would not do
+            (a dict of named inputs: :func:`~memfit.estimate.model.structure_of`), else
+            ``None``.
+        target_structure: the same for its targets (a dict of named outputs).
     """
 
     model: Any
@@ -96,6 +104,19 @@ class Setup:
     policy: str
     optimizer: Any
     assumed: tuple[str, ...] = ()
+    input_structure: Any = None
+    target_structure: Any = None
+
+    def batch(self, xs: list, ys: list) -> tuple[Any, Any]:
+        """``(x, y)`` as the model and its loss take them, from tensors listed in the
+        order of :attr:`inputs` and :attr:`targets` (a dict for named inputs or outputs,
+        one tensor alone, else a list).
+
+        Args:
+            xs: one tensor per input.
+            ys: one tensor per target.
+        """
+        return packed(self.input_structure, xs), packed(self.target_structure, ys)
 
 
 _MSE = ("mse", "mean_squared_error", "MeanSquaredError")
@@ -167,10 +188,12 @@ def prepare(source: Any, *, dtype_policy: str | None = None, optimizer: Any = No
             model.compile(optimizer=opt, loss=loss)
         except Exception as e:      # noqa: BLE001
             raise EstimateError(f"Cannot compile the model for training "
-                                f"({type(e).__name__}: {e}).") from None
+                                f"({cause(e)}).") from None
     policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
     return Setup(model=model, inputs=specs, targets=target_specs(outputs), policy=policy,
-                 optimizer=model.optimizer, assumed=(assumed,) if assumed else ())
+                 optimizer=model.optimizer, assumed=(assumed,) if assumed else (),
+                 input_structure=input_structure(model),
+                 target_structure=structure_of(outputs))
 
 
 def make_batch(setup: Setup, batch_size: int) -> tuple[Any, Any]:
@@ -201,9 +224,8 @@ def make_batch(setup: Setup, batch_size: int) -> tuple[Any, Any]:
                 return rng.random(full, dtype="float32").astype(dtype)
             return np.zeros(full, dtype=dtype)
 
-    xs = [one(s, d, True) for s, d in setup.inputs]
-    ys = [one(s, d, False) for s, d in setup.targets]
-    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
+    return setup.batch([one(s, d, True) for s, d in setup.inputs],
+                       [one(s, d, False) for s, d in setup.targets])
 
 
 def batch_bytes(specs: list[tuple[tuple[int, ...], str]]) -> int:

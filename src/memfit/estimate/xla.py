@@ -40,6 +40,7 @@ import dataclasses
 import os
 from typing import Any
 
+from memfit.errors import cause
 from memfit.estimate.advice import INSIDE_RANGE, UNSURE_OF_ONE
 from memfit.estimate.band import largest_batch
 from memfit.estimate.baseline import check_device, framework_baseline
@@ -136,7 +137,7 @@ def build_optimizer(model: Any) -> None:
         opt.build(model.trainable_variables)
     except Exception as e:     # noqa: BLE001
         raise EstimateError(f"Cannot build the optimizer's variables "
-                            f"({type(e).__name__}: {e}).") from None
+                            f"({cause(e)}).") from None
 
 
 def _abstract(value: Any) -> Any:
@@ -189,14 +190,13 @@ def compile_step(setup: Setup, batch_size: int) -> tuple[XlaStep, Any]:
     def spec(shape: tuple[int, ...], dtype: str) -> Any:
         return jax.ShapeDtypeStruct((batch_size, *shape), dtype)
 
-    xs = [spec(s, d) for s, d in setup.inputs]
-    ys = [spec(s, d) for s, d in setup.targets]
-    data = (xs[0] if len(xs) == 1 else xs, ys[0] if len(ys) == 1 else ys, None)
+    data = (*setup.batch([spec(s, d) for s, d in setup.inputs],
+                         [spec(s, d) for s, d in setup.targets]), None)
     try:
         compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
     except Exception as e:     # noqa: BLE001
         raise EstimateError(f"Cannot compile a training step of the model with XLA "
-                            f"({type(e).__name__}: {str(e)[:300]}).") from None
+                            f"({cause(e)}).") from None
     ma = compiled.memory_analysis()
     if ma is None:
         raise EstimateError("XLA gave no memory analysis for the training step on this "

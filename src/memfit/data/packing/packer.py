@@ -358,9 +358,9 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
                     "that path" if Path(csv).exists() else
                     "does not exist: give the path of a CSV file")
             raise DatasetError(f"{csv!r} {what}. Received: csv={csv!r}")
-        paths = csv_to_npy(csv, csv_dir, label=label)     # checks every cell first
+        paths, description = csv_to_npy(csv, csv_dir, label=label)   # checks every cell
         src = open_source(paths)
-        src.description = csv
+        src.description = description
     else:
         src = open_source(source, variable=options.variable)
     if isinstance(src, ArraySource):

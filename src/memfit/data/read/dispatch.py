@@ -45,7 +45,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,14 @@ from memfit import checks
 from memfit.data.format.arrays_format import is_arrays_source
 from memfit.data.format.manifest import Manifest, Shard, Split
 from memfit.data.read import arrays_reader
-from memfit.data.read.arguments import check_arguments, check_features, check_seed, check_shard
+from memfit.data.read.arguments import (
+    check_arguments,
+    check_features,
+    check_seed,
+    check_shard,
+    restructured,
+    split_features,
+)
 from memfit.data.read.blocks.block_layout import why_not
 from memfit.data.read.blocks.block_plan import BlockReaderPlan, plan_blocks
 from memfit.data.read.blocks.block_reader import BlockReader, build
@@ -71,7 +78,7 @@ __all__ = ["dataset"]
 
 
 def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
-            split: str | None = None, features: Sequence[str] | None = None,
+            split: str | None = None, features: Any = None,
             memory_budget: str | int = "256MiB", seed: int | None = None, epoch: int = 0,
             epochs: int | None = None, shuffle: bool = True, drop_remainder: bool = False,
             on_corrupt: str = "raise", shard: tuple[int, int] | None = None,
@@ -105,7 +112,10 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
         batch_size: samples per batch (per replica, with ``input_context``).
         split: the split to read; may be omitted when there is only one.
         features: ``None`` yields dicts of all features; a sequence of names yields tuples
-            in that order, e.g. ``("x", "y")`` for Keras.
+            in that order, e.g. ``("x", "y")`` for Keras; any nesting of tuples, lists and
+            dicts of names yields that structure, e.g. ``({"image": "image", "table":
+            "table"}, "price")`` for a model built on a dict of named inputs, or
+            ``("x", "x")`` for an autoencoder (:mod:`memfit.data.read.arguments`).
         memory_budget: bytes the pipeline may hold (``"256MiB"``, ``2**28``...): it sets
             the shuffle window, read parallelism and prefetch depth.
         seed: the order's seed; defaults to the seed the dataset was packed with.
@@ -145,6 +155,22 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
         FrameworkMissingError: on a backend other than TensorFlow, shards only the TF
             reader reads, and TensorFlow not installed.
     """
+    names, structure = split_features(features)
+    return restructured(
+        _read(path, batch_size, split=split, features=names, memory_budget=memory_budget,
+              seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
+              drop_remainder=drop_remainder, on_corrupt=on_corrupt, shard=shard,
+              input_context=input_context, cap_arenas=cap_arenas, indices=indices,
+              cache=cache, reader=reader),
+        names, structure)
+
+
+def _read(path: Any, batch_size: int, *, split: str | None, features: Any,
+          memory_budget: str | int, seed: int | None, epoch: int, epochs: int | None,
+          shuffle: bool, drop_remainder: bool, on_corrupt: str,
+          shard: tuple[int, int] | None, input_context: Any, cap_arenas: bool,
+          indices: Any, cache: str | None, reader: str) -> Any:
+    """:func:`dataset` with ``features`` read as plain names (no structure)."""
     # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
     ignore_keras_shuffle_warning()
     backend = keras_backend()

@@ -13,12 +13,13 @@ import numpy as np
 
 from memfit.data.format.manifest import check_feature_name
 from memfit.errors import DatasetError
+from memfit.sizes import format_count
 
-__all__ = ["csv_to_npy"]
+__all__ = ["csv_to_npy", "describe_csv"]
 
 
 def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
-               delimiter: str = ",") -> dict[str, str]:
+               delimiter: str = ",") -> tuple[dict[str, str], str]:
     """Converts a CSV file to ``.npy`` columns in ``workdir`` in two streamed passes.
 
     Columns are typed by content: all integers → int64, otherwise numbers → float32; an
@@ -32,12 +33,15 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
         >>> import tempfile
         >>> d = Path(tempfile.mkdtemp())
         >>> _ = (d / "t.csv").write_text("a,b,target\\n1,0.5,0\\n2,1.5,1\\n")
-        >>> paths = csv_to_npy(str(d / "t.csv"), d / "npy", label="target")
+        >>> paths, description = csv_to_npy(str(d / "t.csv"), d / "npy", label="target")
         >>> np.load(paths["x"]).tolist(), np.load(paths["y"]).tolist()
         ([[1.0, 0.5], [2.0, 1.5]], [0, 1])
+        >>> description.endswith("(2 rows; x = a, b; y = target)")
+        True
 
     Returns:
-        feature name → path of the ``.npy`` file written.
+        ``(paths, description)``: feature name → path of the ``.npy`` file written, and
+        what was packed, for the manifest (:func:`describe_csv`).
     """
     header, is_int, rows = _scan_csv(path, delimiter, label)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,29 @@ def csv_to_npy(path: str, workdir: Path, *, label: str | None = None,
     _fill_from_csv(out, path, delimiter, header, is_int, label)
     for arr in out.values():
         arr.flush()
-    return {name: str(workdir / f"{name}.npy") for name in out}
+    return ({name: str(workdir / f"{name}.npy") for name in out},
+            describe_csv(path, header, rows, label))
+
+
+def describe_csv(path: str, header: list[str], rows: int, label: str | None = None) -> str:
+    """What was packed, for the manifest: the file, its rows and which columns went where
+    (in order: ``x``'s columns are its values' order).
+
+    Example:
+        >>> describe_csv("t.csv", ["age", "rooms", "price"], 500, label="price")
+        'csv t.csv (500 rows; x = age, rooms; y = price)'
+
+    Args:
+        path: the CSV file.
+        header: its column names.
+        rows: its rows.
+        label: the label column, or ``None`` (each column its own feature).
+    """
+    if label is None:
+        columns = f"{format_count(len(header), 'column')}, each a feature of its name"
+    else:
+        columns = f"x = {', '.join(h for h in header if h != label)}; y = {label}"
+    return f"csv {path} ({format_count(rows, 'row')}; {columns})"
 
 
 def _scan_csv(path: str, delimiter: str,

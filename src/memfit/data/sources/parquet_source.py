@@ -218,7 +218,7 @@ def describe_parquet(path: str, label: str | None = None) -> str:
     parts = []
     for name, f in plan.items():
         cols = f["columns"]
-        parts.append(f"{name} = {', '.join(cols) if len(cols) <= 4 else f'{len(cols)} columns'}")
+        parts.append(f"{name} = {', '.join(cols)}")          # x's columns in x's order
     return (f"parquet {path} ({format_count(pf.metadata.num_rows, 'row')} in "
             f"{format_count(pf.num_row_groups, 'row group')}; {'; '.join(parts)})")
 

@@ -61,6 +61,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from memfit.data.read.arguments import place
 from memfit.data.read.arrays_reader import ArraysBatches
 from memfit.data.read.feeder import WindowFeeder
 from memfit.data.read.files.files_open import InPlace, pack_command
@@ -93,6 +94,7 @@ class KerasFeed(keras.utils.PyDataset):
         self._batch = batch
         self._names = tuple(names)
         self._as_dict = as_dict
+        self._structure: Any = None
         self._steps = plan.steps_per_epoch
         self._per_pass = self._steps * (1 if plan.epochs is None else plan.epochs - plan.epoch)
         self._pass = 0                               # passes begun before this one
@@ -137,9 +139,20 @@ class KerasFeed(keras.utils.PyDataset):
             arrays = self._batch(e, s)
         except CorruptShardError as err:   # one memfit frame, not the reader's threads
             raise CorruptShardError(str(err), err.file, err.record) from None
+        if self._structure is not None:
+            return place(self._structure, self._names, arrays)
         if self._as_dict:
             return dict(zip(self._names, arrays, strict=True))
         return tuple(arrays) if len(arrays) > 1 else arrays[0]
+
+    def hand_over_in(self, structure: Any) -> None:
+        """Hands each batch over in ``structure``, a nesting of the feed's names
+        (:func:`memfit.data.read.arguments.place`), instead of a tuple or a dict.
+
+        Args:
+            structure: tuples, lists and dicts of feature names.
+        """
+        self._structure = structure
 
 
 def arrays_feed(src: ArraysBatches) -> KerasFeed:
