@@ -16,8 +16,10 @@ finishes; each of the first K processes is killed once. A kill picks a phase at 
 (start-up and import, model build, restore, a training step, an epoch's end with its
 validation and callbacks, a checkpoint write), waits for the process to enter it, and
 kills it after a delay drawn uniformly over that phase's length in the uninterrupted
-run: a random instant inside a random phase. The phase the process was really in at
-its death is read back from the file it keeps, and counted. After every kill the newest
+run: a random instant inside a random phase (dealt from a shuffled deck of the six: a
+configuration's first six SIGKILLs aim at all six, the next six too, and so on). The
+phase the process was really in at its death is read back from the file it keeps, and
+counted. After every kill the newest
 checkpoint must pass its checksums and load. At the end, weights and history must equal
 the uninterrupted run's bit for bit (for the callbacks configuration the history's length
 is the stopping epoch and its ``learning_rate`` the rate history; the callbacks' end
@@ -224,11 +226,29 @@ def restored_iterations(out: Path, pid: int) -> int | None:
     return None
 
 
+class Deck:
+    """The phases SIGKILLs aim at: each of :data:`PHASES` once, in a random order, then
+    again in a new one, so that a configuration's first ``len(PHASES)`` kills aim at every
+    phase (a small campaign, such as ``--fast``'s, covers them all, where random draws
+    would leave some out); the instant inside each phase stays random."""
+
+    def __init__(self, rnd: random.Random) -> None:
+        self.rnd, self.left = rnd, []
+
+    def draw(self) -> str:
+        if not self.left:
+            self.left = list(PHASES)
+            self.rnd.shuffle(self.left)
+        return self.left.pop()
+
+
 def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
              lengths: dict[str, float], rnd: random.Random, reference: tuple,
-             sig: int = signal.SIGKILL) -> dict:
+             sig: int = signal.SIGKILL, deck: Deck | None = None) -> dict:
     """One run: start, kill (the first ``kills`` processes once each), start again,
-    until the training finishes. Returns what happened."""
+    until the training finishes. SIGKILLs aim at the phases ``deck`` deals (a new deck
+    when none is given). Returns what happened."""
+    deck = deck or Deck(rnd)
     out, wd = root / "out", root / "wd"
     env = {**ENV, WORKDIR_ENV: str(wd)}
     records: list[dict] = []
@@ -239,9 +259,8 @@ def kill_run(data: Path, root: Path, config: str, epochs: int, kills: int,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         started.append(proc.pid)
         if len(records) < kills:
-            targets = PHASES if sig == signal.SIGKILL else ("step", "epoch-end",
-                                                            "checkpoint", "restore")
-            target = rnd.choice(targets)
+            target = deck.draw() if sig == signal.SIGKILL else \
+                rnd.choice(("step", "epoch-end", "checkpoint", "restore"))
             if hunt(proc, out, target, lengths, rnd):
                 before = read_phase(out)
                 sent = time.monotonic()
@@ -436,10 +455,12 @@ def campaign(configs: list[str], runs: int, kills: int, terms: int, epochs: int,
         plans = [("SIGKILL", i) for i in range(runs)]
         plans += [("SIGTERM", 0), ("SIGTERM memfit run", 0)] if terms else []
         plans += [("SIGKILL warm", i) for i in range(warm_runs)]
+        deck = Deck(rnd)            # shared by the configuration's SIGKILL runs
         for kind, i in plans:
             root = work / config / f"{kind.replace(' ', '-')}-{i}"
             if kind == "SIGKILL":
-                outcome = kill_run(data, root, config, epochs, kills, lengths, rnd, reference)
+                outcome = kill_run(data, root, config, epochs, kills, lengths, rnd, reference,
+                                   deck=deck)
             elif kind == "SIGKILL warm":
                 outcome = warm_kill_run(data, root, config, epochs, kills, lengths, rnd,
                                         reference)
@@ -538,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fast", action="store_true",
                    help="the make-test variant: the augment configuration (random "
-                        "augmentation: its RNG state must resume too), two runs of 4 kills, "
-                        "one SIGTERM run of each kind, no warm run (tests/supervise/"
-                        "test_warm.py kills warm processes)")
+                        "augmentation: its RNG state must resume too), two runs of 3 kills "
+                        "(aimed at the six phases, one each), one SIGTERM run of each "
+                        "kind, no warm run (tests/supervise/test_warm.py kills warm "
+                        "processes)")
     p.add_argument("--json", type=Path, help="write every kill's record here")
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
     args = p.parse_args(argv)
@@ -549,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             "divides,uneven,augment,mirrored,callbacks"
     if args.fast:
         args.configs, args.runs, args.kills, args.terms, args.epochs, args.warm_runs = \
-            "augment", 2, 4, 1, 2, 0
+            "augment", 2, 3, 1, 2, 0
     BACKEND[0] = args.backend
     configs = [c for c in args.configs.split(",") if c]
     started = time.time()

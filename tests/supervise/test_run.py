@@ -23,6 +23,7 @@ import pytest
 import memfit
 from memfit.memory.log import read_log
 from memfit.supervise import CheckpointStore
+from tests.once import shared
 
 SCRIPT = Path(__file__).parent / "scripts" / "train.py"
 EPOCHS = 6
@@ -47,21 +48,25 @@ def assert_same_training(out: Path, reference: tuple[list[np.ndarray], dict]) ->
 
 
 def make_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The packed regression set every case trains on."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(1024, 16)).astype("float32")
-    y = (x @ rng.normal(size=(16, 1))).astype("float32")
-    path = tmp_path_factory.mktemp("supervise") / "data"
-    memfit.pack({"x": x, "y": y}, path, shards=4, progress=False)
-    return path
+    """The packed regression set every case trains on (made once a session: test_warm.py
+    reads it too)."""
+    def pack(path: Path) -> None:
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(1024, 16)).astype("float32")
+        y = (x @ rng.normal(size=(16, 1))).astype("float32")
+        memfit.pack({"x": x, "y": y}, path / "data", shards=4, progress=False)
+
+    return shared(tmp_path_factory, "supervise-data", pack) / "data"
 
 
 def make_reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """The uninterrupted run: one process, no supervisor."""
-    base = tmp_path_factory.mktemp("reference")
-    subprocess.run(command(data, base / "out"), check=True,
-                   env={**os.environ, "MEMFIT_WORKDIR": str(base / "wd")})
-    return finals(base / "out")
+    """The uninterrupted run: one process, no supervisor. Deterministic, so run once a
+    session (one TensorFlow process less: test_warm.py compares with it too)."""
+    def train(base: Path) -> None:
+        subprocess.run(command(data, base / "out"), check=True,
+                       env={**os.environ, "MEMFIT_WORKDIR": str(base / "wd")})
+
+    return finals(shared(tmp_path_factory, "supervise-reference", train) / "out")
 
 
 @pytest.fixture(scope="module")
