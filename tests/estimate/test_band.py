@@ -2,6 +2,7 @@
 "does not fit" only when not even the low end does, "uncertain" in between; the largest
 batch size is taken from a high end that never falls as the batch grows."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from memfit.cli import main
 from memfit.estimate import Estimator, find_batch_size
 from memfit.estimate import search as search_module
-from memfit.estimate.band import BANDS
+from memfit.estimate.band import BANDS, MAX_BATCH, largest_batch
 from memfit.estimate.measure import ChildResult
 from memfit.memory.allocator import ALLOCATOR_POLICIES
 
@@ -100,6 +101,37 @@ def test_max_batch_size_uses_the_high_end(tiny):
     best = tiny.max_batch_size(budget)
     assert 0 < best < 200_000  # the point prediction would have allowed 200,000
     assert tiny.at(best).total_high <= budget < tiny.at(best + 1).total_high
+
+
+def _rising(kind: str, base: int, per: float):
+    """A high end that never falls as the batch grows, of one of several shapes."""
+    shapes = {
+        "line": lambda b: base + per * b,
+        "a step at 1000": lambda b: base + per * b + (0 if b < 1000 else 10**8),
+        "convex": lambda b: base + per * b + b * b * per / 1000,
+        "concave": lambda b: base + 100 * per * b ** 0.5,
+        "stairs of 64": lambda b: base + per * 64 * -(-b // 64),
+        "log2": lambda b: base + 1000 * per * b.bit_length(),
+    }
+    return lambda b: int(shapes[kind](b))
+
+
+@pytest.mark.parametrize("kind", ["line", "a step at 1000", "convex", "concave",
+                                  "stairs of 64", "log2"])
+def test_aiming_along_a_line_finds_what_doubling_and_bisection_find(kind):
+    # XLA's estimate compiles the step once per batch size tried: 48 compiles for a tiny
+    # model's 12 million at 2 GiB by doubling and bisection, 10 by aiming.
+    rng = random.Random(kind)
+    for _ in range(300):
+        high = _rising(kind, rng.randint(0, 10**9), rng.uniform(0.01, 1e6))
+        for budget in (rng.randint(0, 2 * 10**9), rng.randint(0, 10**13), 10**15):
+            tried: list[int] = []
+            aimed = largest_batch(lambda b, t=tried, h=high: t.append(b) or h(b), budget,
+                                  interpolate=True)
+            assert aimed == largest_batch(high, budget), (kind, budget)
+            assert len(tried) == len(set(tried))               # no size twice
+            if kind == "line" and 10 < aimed < MAX_BATCH:
+                assert len(tried) <= 6, tried                  # was about 2 x log2(aimed)
 
 
 def test_a_budget_below_the_framework_alone_gets_one_line_of_advice(tiny):

@@ -28,9 +28,17 @@ def jax_run(*args, code=None, timeout=300, tmp_path=None):
                           timeout=timeout)
 
 
-def test_memfit_estimate_on_jax_gives_xla_s_estimate_and_a_verdict(tmp_path):
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A cache the CLI's estimate and the search share: the first of them to run measures
+    the JAX baseline there (a child, about 4 CPU-s), the other reads it, as a user's second
+    command does."""
+    return tmp_path_factory.mktemp("jax-cache")
+
+
+def test_memfit_estimate_on_jax_gives_xla_s_estimate_and_a_verdict(calibrated):
     done = jax_run("estimate", "models:tiny", "--batch-size", "8", "--budget", "1GiB",
-                   tmp_path=tmp_path)
+                   tmp_path=calibrated)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kernels: XLA's, on the CPU" in done.stdout
     assert "XLA temporaries" in done.stdout
@@ -81,8 +89,8 @@ def test_xla_s_parts_add_up_and_the_range_holds_the_point(tmp_path):
     assert r["named"] == [4 * ((8 + 6 * 6 * 2) + (1 + 5)) * 4, 57 + 36 + 8 + 40]
 
 
-def test_the_measuring_child_and_find_batch_size_run_on_jax(tmp_path):
-    done = jax_run(tmp_path=tmp_path, timeout=600, code="""
+def test_the_measuring_child_and_find_batch_size_run_on_jax(calibrated):
+    done = jax_run(tmp_path=calibrated, timeout=600, code="""
         import json
         from memfit.estimate.measure import measure_training
         from memfit.estimate.search import find_batch_size

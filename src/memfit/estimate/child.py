@@ -218,8 +218,9 @@ def _search_hints(est: Any, e: Any) -> dict:
     from memfit.estimate.band import largest_batch
 
     b = max(1, e.max_batch_size or 1)
-    return {"point_batch_size": largest_batch(est.total, e.budget),
-            "low_batch_size": largest_batch(est.low, e.budget),
+    aim = getattr(est, "interpolate", False)    # XLA's: each size tried is a compile
+    return {"point_batch_size": largest_batch(est.total, e.budget, interpolate=aim),
+            "low_batch_size": largest_batch(est.low, e.budget, interpolate=aim),
             "bytes_per_sample": (est.total(2 * b) - est.total(b)) / b}
 
 
