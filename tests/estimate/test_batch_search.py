@@ -194,3 +194,63 @@ def test_when_batch_one_fails_the_advice_says_what_was_measured(monkeypatch):
                         "needs at about 749.0 MiB): raise the budget, or make the model or "
                         "its optimizer state smaller", "the optimizer keeps 128.2 MiB of state")
     assert "find-batch-size" not in str(r) and str(r).startswith("no batch size fits 600.0 MiB")
+
+
+def _linear_children(monkeypatch, *, base, per_sample, budget, start, slope):
+    """find_batch_size over children whose peak is ``base + per_sample * b`` (no noise),
+    killed past the budget; returns the batch sizes tried."""
+    from memfit.estimate import search as search_module
+
+    report = {"max_batch_size": start, "bytes_per_sample": slope, "total": base}
+    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+    tried = []
+
+    def measure(spec, b, **kwargs):
+        tried.append(b)
+        peak = base + per_sample * b
+        if peak > budget:
+            return ChildResult("over-budget", peak=budget + 1, seconds=1.0)
+        return ChildResult("ok", measured=peak - base, peak=peak, seconds=1.0)
+
+    monkeypatch.setattr(search_module, "measure_training", measure)
+    return tried
+
+
+def test_find_batch_size_stops_where_the_peaks_put_the_next_batch_over(monkeypatch):
+    # 300 MiB + 1 MiB a sample, a 700 MiB budget: 400 fits, 401 does not. From the safe
+    # end 250 with the estimate's slope right, the aim lands 1 % inside (398); the two
+    # peaks (250 and 398: 148 MiB apart) put 398 + 3 % (409) over the budget: done in 2.
+    from memfit.estimate.search import find_batch_size
+
+    budget = 700 * MIB
+    tried = _linear_children(monkeypatch, base=300 * MIB, per_sample=MIB, budget=budget,
+                             start=250, slope=MIB)
+    r = find_batch_size("m:f", budget)
+    assert tried == [250, 398]
+    assert r.batch_size == 398 and r.smallest_failing is None and r.inferred_failing == 409
+    assert not r.lower_bound and r.to_json()["inferred_failing"] == 409
+    head = str(r).splitlines()[0]
+    assert head.startswith("largest batch size that fits 700.0 MiB: 398")
+    assert "the measured peaks put batch 409 over the budget (not run" in head
+    assert "at least" not in head and "lower bound" not in head
+    assert "2 trials; the estimate said 250" in str(r)
+
+    # --prove (prove=True) runs it: one child more, and the edge proved by a failure
+    tried.clear()
+    r = find_batch_size("m:f", budget, prove=True)
+    assert tried == [250, 398, 409]
+    assert r.batch_size == 398 and r.smallest_failing == 409 and r.inferred_failing is None
+    assert "measured peaks put" not in str(r)
+
+
+def test_peaks_that_barely_rise_do_not_end_the_search(monkeypatch):
+    # A wide MLP: 1 GiB fixed, 0.1 MiB a sample; from 100 to the aim the peaks rise by
+    # ~2 %, as much as the run-to-run noise: the edge is proved by a child instead.
+    from memfit.estimate.search import find_batch_size
+
+    budget = 1024 * MIB + 30 * MIB
+    tried = _linear_children(monkeypatch, base=1024 * MIB, per_sample=MIB // 10,
+                             budget=budget, start=100, slope=MIB // 10)
+    r = find_batch_size("m:f", budget)
+    assert r.inferred_failing is None and r.smallest_failing is not None
+    assert r.smallest_failing == tried[-1] and r.batch_size < r.smallest_failing
