@@ -213,13 +213,18 @@ def main() -> None:
     if runs:
         print("\n| model | policy | find-batch-size children (from the estimate, 3 %) | "
               "its answer | smallest that failed / put over by the peaks | largest that "
-              "fitted (the search above) |\n| --- | --- | ---: | ---: | --- | ---: |")
+              "fitted (the search above) | answer ÷ that |\n| --- | --- | ---: | ---: | --- "
+              "| ---: | ---: |")
         for m, a, n, found, truth, failed, inferred in runs:
             edge = f"{inferred} (peaks)" if inferred is not None else str(failed)
-            print(f"| {m} | {a} | {n} | {found} | {edge} | {truth} |")
+            print(f"| {m} | {a} | {n} | {found} | {edge} | {truth} | "
+                  f"{found / truth if truth else float('nan'):.2f} |")
         print(f"\nChildren to an answer within 3 %: median "
               f"{statistics.median(r[2] for r in runs)}, most "
-              f"{max(r[2] for r in runs)} over {len(runs)} searches.")
+              f"{max(r[2] for r in runs)} over {len(runs)} searches; answers at least the "
+              f"largest that fitted above ÷ 1.03 (or one sample below): "
+              f"{sum(r[3] >= min(r[4] / 1.03, r[4] - 1) for r in runs)} of {len(runs)}, "
+              f"above it: {sum(r[3] > r[4] for r in runs)}.")
     print(f"\n**{len(rows)} searches: the estimate's batch invited an out-of-memory in {bad}; "
           f"{unsettled} unsettled (between the largest batch that fitted and the smallest "
           f"that failed).** The estimate's batch ÷ the largest that fitted: median "
