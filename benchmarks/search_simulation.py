@@ -22,7 +22,7 @@ panel runs at the batch size nearest the edge, and one time in 20 a jump up draw
 the panel's deviations over 3 %. A child fails when its noisy peak passes the budget, so
 the same batch may fit once and fail the next time, as real children do. The search
 starts from the estimate's safe end with its bytes a sample for that case (as the
-estimator now gives them: ``--estimates`` computes them again, ~10 min). An answer is
+estimator now gives them: ``--estimates`` computes them again, ~15 min). An answer is
 within 3 % when it is at least the edge ÷ 1.03 (or one sample below it). Nothing here
 was chosen on the held-out models (``estimate_vs_search_holdout.json``).
 
