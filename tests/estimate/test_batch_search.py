@@ -254,3 +254,28 @@ def test_peaks_that_barely_rise_do_not_end_the_search(monkeypatch):
     r = find_batch_size("m:f", budget)
     assert r.inferred_failing is None and r.smallest_failing is not None
     assert r.smallest_failing == tried[-1] and r.batch_size < r.smallest_failing
+
+
+def test_a_child_whose_own_peak_passed_the_budget_did_not_fit(monkeypatch):
+    # The watcher samples the child's RSS; a spike between two samples passes unseen and
+    # the child reports "ok" with a peak above the budget (issue 27's held-out DCGAN
+    # generator: batch 76 "fitted" at 479.4 MiB of 477.5). Such a batch does not fit:
+    # it is never the answer.
+    from memfit.estimate import search as search_module
+
+    budget = 700 * MIB
+    report = {"max_batch_size": 250, "bytes_per_sample": 0.9 * MIB, "total": 300 * MIB}
+    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+
+    def measure(spec, b, **kwargs):
+        peak = 300 * MIB + MIB * b
+        if peak > budget + 20 * MIB:                 # the watcher caught it
+            return ChildResult("over-budget", peak=budget + 1, seconds=1.0)
+        return ChildResult("ok", measured=peak - 300 * MIB, peak=peak, seconds=1.0)
+
+    monkeypatch.setattr(search_module, "measure_training", measure)
+    r = search_module.find_batch_size("m:f", budget, start=250)
+    assert 0 < r.batch_size <= 400 and r.peak <= budget
+    assert r.trials[1].batch_size == 415 and r.trials[1].status == "over-budget"
+    assert all(t.peak <= budget for t in r.trials if t.fits)
+    assert any(t.status == "over-budget" and t.peak > budget for t in r.trials)

@@ -257,6 +257,11 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
             # The device's allocator peak, plus the baseline the budget includes.
             r = dataclasses.replace(r, peak=int(r.report["gpu_peak"]) + budget_bytes
                                     - (device_limit or budget_bytes))
+        if r.fits and r.peak is not None and r.peak > budget_bytes:
+            # The child's own peak (the kernel's high-water mark) passed the budget
+            # between two of the watcher's samples: it did not fit (a held-out DCGAN
+            # generator "fitted" batch 76 at 479.4 MiB of a 477.5 MiB budget).
+            r = dataclasses.replace(r, status="over-budget")
         return r
 
     search = _Search(measure, max_trials, on_trial)
