@@ -82,7 +82,7 @@ def search(name: str, allocator: str, budget: int, baseline: int, start: int | N
                         allocator=allocator, start=start, precision=precision,
                         max_trials=12)
     return {"budget": budget, "baseline": baseline, "found": r.batch_size,
-            "smallest_failing": r.smallest_failing,
+            "smallest_failing": r.smallest_failing, "inferred_failing": r.inferred_failing,
             "trials": [[t.batch_size, t.fits, t.peak] for t in r.trials],
             "seconds": round(time.time() - t)}
 
@@ -141,6 +141,10 @@ def main() -> None:
                    help="also run find-batch-size as a user does (started from the "
                         "estimate, 3 %% precision) on each case's budget, and count its "
                         "children")
+    p.add_argument("--tag", default="",
+                   help="cache the --from-estimate searches under this tag, so a changed "
+                        "search runs again beside the ones recorded before (the report "
+                        "shows the tagged ones)")
     p.add_argument("--search-only", action="store_true",
                    help="run the searches, judge nothing (keeps a held-out set unseen "
                         "while the estimator is changed)")
@@ -169,7 +173,7 @@ def main() -> None:
                 os.replace(tmp, args.cache)
                 print(f"searched {key}: {cache[key]['found']} "
                       f"({cache[key]['seconds']} s)", file=sys.stderr, flush=True)
-            fkey = f"{key}|from-estimate"
+            fkey = f"{key}|from-estimate" + (f"|{args.tag}" if args.tag else "")
             if (args.from_estimate and key in cache and fkey not in cache
                     and not args.report_only):
                 cache[fkey] = search(name, allocator, cache[key]["budget"],
@@ -200,19 +204,27 @@ def main() -> None:
     zeros = sum(r["estimate"] == 0 and r["fitted"] >= 8 for r in rows)
     runs = []
     for r in rows:
-        f = cache.get(f"{r['model']}|{r['allocator']}|from-estimate")
+        f = cache.get(f"{r['model']}|{r['allocator']}|from-estimate"
+                      + (f"|{args.tag}" if args.tag else ""))
         if f:
             truth = r["fitted"]
-            runs.append((r["model"], r["allocator"], len(f["trials"]), f["found"], truth))
+            runs.append((r["model"], r["allocator"], len(f["trials"]), f["found"], truth,
+                         f.get("smallest_failing"), f.get("inferred_failing")))
     if runs:
         print("\n| model | policy | find-batch-size children (from the estimate, 3 %) | "
-              "its answer | largest that fitted (the search above) |\n| --- | --- | ---: | "
-              "---: | ---: |")
-        for m, a, n, found, truth in runs:
-            print(f"| {m} | {a} | {n} | {found} | {truth} |")
+              "its answer | smallest that failed / put over by the peaks | largest that "
+              "fitted (the search above) | answer ÷ that |\n| --- | --- | ---: | ---: | --- "
+              "| ---: | ---: |")
+        for m, a, n, found, truth, failed, inferred in runs:
+            edge = f"{inferred} (peaks)" if inferred is not None else str(failed)
+            print(f"| {m} | {a} | {n} | {found} | {edge} | {truth} | "
+                  f"{found / truth if truth else float('nan'):.2f} |")
         print(f"\nChildren to an answer within 3 %: median "
-              f"{statistics.median(n for _, _, n, _, _ in runs)}, most "
-              f"{max(n for _, _, n, _, _ in runs)} over {len(runs)} searches.")
+              f"{statistics.median(r[2] for r in runs)}, most "
+              f"{max(r[2] for r in runs)} over {len(runs)} searches; answers at least the "
+              f"largest that fitted above ÷ 1.03 (or one sample below): "
+              f"{sum(r[3] >= min(r[4] / 1.03, r[4] - 1) for r in runs)} of {len(runs)}, "
+              f"above it: {sum(r[3] > r[4] for r in runs)}.")
     print(f"\n**{len(rows)} searches: the estimate's batch invited an out-of-memory in {bad}; "
           f"{unsettled} unsettled (between the largest batch that fitted and the smallest "
           f"that failed).** The estimate's batch ÷ the largest that fitted: median "

@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-trials", type=int, default=10, help="most attempts (default: 10)")
     p.add_argument("--start", type=int, default=None,
                    help="first batch size to try (default: the estimate's)")
+    p.add_argument("--prove", action="store_true",
+                   help="run the batch size just past the answer even where the measured "
+                        "peaks already put it over the budget (one child more; by default "
+                        "the search stops there and says so)")
     p.add_argument("--json", action="store_true", help="print JSON for tools")
 
 
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                         optimizer=args.optimizer, input_shape=args.input_shape,
                         steps=args.steps, device=args.device, precision=args.precision,
                         max_trials=args.max_trials, start=args.start,
-                        allocator=args.allocator,
+                        allocator=args.allocator, prove=args.prove,
                         on_trial=None if args.json else progress)
     print(json.dumps(r.to_json(), indent=1) if args.json else r)
     return 0 if r.batch_size else 1
