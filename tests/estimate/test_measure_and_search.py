@@ -110,6 +110,10 @@ def test_find_batch_size_with_a_tight_budget(tmp_path, monkeypatch):
     if r.smallest_failing is not None:
         assert r.smallest_failing > r.batch_size
         assert f"fits {format_size(budget)}: {r.batch_size}" in str(r)
+    elif r.inferred_failing is not None:    # the peaks put the next batch over the budget
+        assert r.inferred_failing > r.batch_size and not r.lower_bound
+        assert f"fits {format_size(budget)}: {r.batch_size}" in str(r)
+        assert f"the measured peaks put batch {r.inferred_failing} over the budget" in str(r)
     else:                       # no trial failed: the answer is only a lower bound
         assert f"at least batch size {r.batch_size} fits {format_size(budget)}" in str(r)
         assert "lower bound" in str(r)
