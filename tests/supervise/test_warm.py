@@ -17,6 +17,7 @@ import pytest
 
 import memfit
 from memfit.memory.log import read_log
+from memfit.memory.warm import WarmParent, WarmStartError
 from memfit.supervise import warm
 from tests.supervise.test_run import (
     EPOCHS,
@@ -270,8 +271,8 @@ def _alive(pid: int) -> bool:
 def test_a_python_without_memfit_is_named_as_the_reason_the_warm_parent_failed(tmp_path):
     # `memfit run -- python train.py` where `python` on the PATH is another interpreter
     # (a virtualenv's memfit run without the environment activated): the warm parent's
-    # `from memfit.supervise.warm import serve` fails, which it tells by exit code 3
+    # `from memfit.memory.warm import serve` fails, which it tells by exit code 3
     plan = warm.Plan(python=sys.executable, flags=("-I", "-S"), script=str(tmp_path / "t.py"),
                      argv=("t.py",), modules=("keras",))
-    with pytest.raises(warm.WarmStartError, match="cannot import memfit: it is not the Python"):
-        warm.WarmParent(plan, {}).open(timeout=60)
+    with pytest.raises(WarmStartError, match="cannot import memfit: it is not the Python"):
+        WarmParent(plan.python, plan.flags, plan.modules, {}).open(timeout=60)

@@ -57,10 +57,11 @@ from memfit.env import (
     env_int,
 )
 from memfit.errors import CorruptShardError
+from memfit.memory import warm
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_size
-from memfit.supervise import exactness, restart_protocol, rng, warm
+from memfit.supervise import exactness, restart_protocol, rng
 from memfit.supervise.callback import SessionCallback
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from memfit.supervise.restart_protocol import SessionConfigError

@@ -49,12 +49,12 @@ from memfit.memory.classifier import TOO_SHORT
 from memfit.memory.log import Event, MemoryLog, check_log, read_log
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
+from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.sizes import format_size, parse_size
 from memfit.supervise import restart_protocol, warm
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
 from memfit.supervise.run_results import Cause, ChildRun, RunResult
-from memfit.supervise.warm import WarmChild, WarmParent, WarmStartError
 from memfit.workdir import Workdir
 
 __all__ = ["run"]
@@ -233,6 +233,7 @@ class _Supervisor:
         self.children: list[ChildRun] = []
         self.proc: subprocess.Popen | WarmChild | None = None
         self.warm: WarmParent | None = None
+        self.warm_plan: warm.Plan | None = None
         self.started_as = "cold"            # how the current child started
         self.start_note = ""                # how processes started, for the summary
         self.samples = EvenSamples()        # the current child's, for the verdict
@@ -277,7 +278,9 @@ class _Supervisor:
             self.start_note = f"cold ({planned})"
             return
         try:
-            self.warm = WarmParent(planned, self.env).open(interrupted=self.received)
+            self.warm = WarmParent(planned.python, planned.flags, planned.modules,
+                                   self.env).open(interrupted=self.received)
+            self.warm_plan = planned
         except WarmStartError as e:
             self.start_note = f"cold (the warm parent could not start: {e})"
             return
@@ -319,7 +322,9 @@ class _Supervisor:
         self.proc = None
         if self.warm is not None:
             try:
-                self.proc = self.warm.start(self.env)
+                assert self.warm_plan is not None
+                self.proc = self.warm.start(self.env, self.warm_plan.argv,
+                                            script=self.warm_plan.script)
                 self.started_as = "warm"
             except WarmStartError as e:
                 self.close_warm(str(e))
