@@ -98,12 +98,14 @@ def test_the_measuring_child_and_find_batch_size_run_on_jax(calibrated):
         s = find_batch_size("models:tiny", "2GiB", max_trials=2, precision=0.5)
         print(json.dumps({"status": r.status, "measured": r.measured,
                           "backend": r.report.get("policy"), "trials": len(s.trials),
-                          "fits": s.batch_size, "estimated": s.estimated}))
+                          "fits": s.batch_size, "estimated": s.estimated,
+                          "started": sorted({t.started for t in s.trials})}))
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["status"] == "ok" and r["measured"] > 0
     assert r["trials"] == 2 and r["fits"] > 0 and r["estimated"] > 0
+    assert r["started"] == ["warm"]      # forked from a parent that imported JAX once
 
 
 def test_a_budget_only_the_framework_fills_is_not_told_to_shrink_the_model(tmp_path):

@@ -102,6 +102,9 @@ def test_find_batch_size_with_a_tight_budget(tmp_path, monkeypatch):
     # (905 fitted) where this one gives 37 (1238 fitted).
     assert r.estimated <= r.batch_size <= (r.estimated_low or 0), str(r)
     assert (r.estimated_point or 0) > 8, str(r)
+    # every child forked from one warm parent: the search paid `import tensorflow` once
+    assert {t.started for t in r.trials} == {"warm"}, str(r)
+    assert "(each forked after one import of the frameworks)" in str(r)
     fitting = [t for t in r.trials if t.fits]
     failing = [t for t in r.trials if not t.fits]
     assert max(t.batch_size for t in fitting) == r.batch_size

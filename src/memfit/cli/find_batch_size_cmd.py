@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the batch size just past the answer even where the measured "
                         "peaks already put it over the budget (one child more; by default "
                         "the search stops there and says so)")
+    p.add_argument("--cold", action="store_true",
+                   help="start each child as a new interpreter (by default, on the CPU, "
+                        "each is forked from a parent that imported the frameworks once)")
     p.add_argument("--json", action="store_true", help="print JSON for tools")
 
 
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                         optimizer=args.optimizer, input_shape=args.input_shape,
                         steps=args.steps, device=args.device, precision=args.precision,
                         max_trials=args.max_trials, start=args.start,
-                        allocator=args.allocator, prove=args.prove,
+                        allocator=args.allocator, prove=args.prove, warm=not args.cold,
                         on_trial=None if args.json else progress)
     print(json.dumps(r.to_json(), indent=1) if args.json else r)
     return 0 if r.batch_size else 1

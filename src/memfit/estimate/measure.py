@@ -11,6 +11,15 @@ to the end of the last training step, minus its anonymous RSS right after
 ``import tensorflow, keras`` and one eager op (the *framework baseline*). That delta is
 what the estimate's model part predicts; baseline + delta is what the process needs.
 
+Inside :func:`warm_children` (``find_batch_size`` runs its children so), a child on the
+CPU is forked from a warm parent that imported the frameworks once
+(:mod:`memfit.memory.warm`), instead of a new interpreter that imports them again: each
+child of a search skips ``import tensorflow`` (4-10 s of CPU on a 2-core machine). The
+child still starts its runtime with its first op, after the fork, and measures from
+there: a forked child measures what a new interpreter measures
+(``benchmarks/warm_children.py``). Where the warm parent cannot start, or dies, the
+children start cold.
+
 Example:
     >>> r = measure_training("mymodels:make_mlp", 64, dtype_policy="float32")  # doctest: +SKIP
     >>> r.status, r.measured                                                   # doctest: +SKIP
@@ -19,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,20 +36,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from memfit.device import XLA_PREALLOCATE_ENV
 from memfit.errors import MemfitError
 from memfit.estimate.child_protocol import Report, read_reports
 from memfit.estimate.model import ModelSpec, check_batch_size, check_policy, parse_input_shape
-from memfit.frameworks import require_for_training
+from memfit.exitcodes import START_COLD
+from memfit.frameworks import keras_backend, require_for_training
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.process import ticks
 from memfit.memory.sampler import TreeSampler
+from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
 from memfit.quiet import strip_noise
 
-__all__ = ["ChildResult", "run_child", "measure_training"]
+__all__ = ["ChildResult", "run_child", "measure_training", "warm_children"]
 
 DEFAULT_TIMEOUT = 900.0
 #: Training steps a measuring child runs by default. Under the ``"fixed"`` allocator
@@ -62,6 +76,8 @@ class ChildResult:
         report: everything the child reported (``result`` event).
         message: for errors, what went wrong.
         seconds: wall time of the child.
+        started: ``"warm"`` (forked from a warm parent, see :func:`warm_children`) or
+            ``"cold"`` (a new interpreter).
     """
 
     status: str
@@ -71,6 +87,7 @@ class ChildResult:
     report: dict = dataclasses.field(default_factory=dict)
     message: str = ""
     seconds: float = 0.0
+    started: str = "cold"
 
     @property
     def fits(self) -> bool:
@@ -89,6 +106,96 @@ def _child_env(device: str, allocator: str = "default") -> dict:
     return env
 
 
+# Inside warm_children(): one warm parent per child environment (None: it could not
+# start, or died; those children start cold).
+_warm: dict[str, WarmParent | None] | None = None
+_CHILD = "memfit.estimate.child"
+# Requests a forked child may serve: a calibration measures the interpreter before the
+# import, which a fork has already done.
+_WARM_MODES = ("train", "estimate")
+
+
+_cold = 0      # > 0 inside warm_children(False): children start cold for a while
+
+
+@contextlib.contextmanager
+def warm_children(enabled: bool = True) -> Iterator[None]:
+    """Within the block, measuring children on the CPU are forked from a warm parent
+    (started at the first child, one per environment, ended with the block) instead of
+    starting as new interpreters. Nested blocks share the outer one's warm parents.
+
+    Example:
+        >>> with warm_children():                                       # doctest: +SKIP
+        ...     a = measure_training("mymodels:make_mlp", 64)
+        ...     b = measure_training("mymodels:make_mlp", 128)    # skips the import
+        ...     with warm_children(False):
+        ...         c = measure_training("mymodels:make_mlp", 128)   # a new interpreter
+
+    Args:
+        enabled: ``False``: children start as new interpreters within the block, and an
+            outer block's warm parents wait for its end.
+    """
+    global _warm, _cold
+    if not enabled:
+        _cold += 1
+        try:
+            yield
+        finally:
+            _cold -= 1
+        return
+    if _warm is not None:
+        yield
+        return
+    _warm = {}
+    try:
+        yield
+    finally:
+        parents, _warm = _warm, None
+        for parent in parents.values():
+            if parent is not None:
+                parent.close()
+
+
+def _warm_parent(request: dict, env: dict) -> WarmParent | None:
+    """The warm parent for a child of ``request`` in ``env``, started if need be; ``None``
+    outside :func:`warm_children`, on a GPU, or where it cannot start."""
+    if _warm is None or _cold or request.get("device", "cpu") != "cpu" or \
+            request.get("mode", "train") not in _WARM_MODES:
+        return None
+    key = json.dumps(env, sort_keys=True)
+    parent = _warm.get(key)
+    if parent is not None and not parent.alive:
+        parent.close()
+        _warm[key] = parent = None       # it died (killed?): the rest start cold
+    if key not in _warm:
+        frameworks = ("jax", "keras") if keras_backend() == "jax" else ("keras", "tensorflow")
+        with open(os.devnull, "w") as null:      # its import lines: nobody's to read
+            try:
+                parent = WarmParent(sys.executable, (), (*frameworks, _CHILD), env,
+                                    stdout=null, stderr=null).open(timeout=DEFAULT_TIMEOUT)
+            except WarmStartError:
+                parent = None
+        _warm[key] = parent
+    return parent
+
+
+def _start(request: dict, env: dict, out: Path, err: Path) -> subprocess.Popen | WarmChild:
+    """The child, forked from the warm parent where there is one, else a new interpreter."""
+    parent = _warm_parent(request, env)
+    if parent is not None:
+        try:
+            return parent.start(env, ["-m", json.dumps(request)], module=_CHILD,
+                                output=(str(out), str(err)), who="memfit")
+        except WarmStartError:
+            parent.close()
+            assert _warm is not None
+            _warm[json.dumps(env, sort_keys=True)] = None
+    with open(out, "w") as o, open(err, "w") as e:
+        # Files, not pipes: a chatty child can never block on a full pipe.
+        return subprocess.Popen([sys.executable, "-m", _CHILD, json.dumps(request)],
+                                stdout=o, stderr=e, env=env)
+
+
 def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFAULT_TIMEOUT,
               interval: float = 0.02) -> ChildResult:
     """Runs one measuring child and returns what it reported; never raises for its death.
@@ -101,12 +208,12 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
         interval: seconds between two samples of the child's memory.
     """
     started = time.time()
-    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as out:
-        # Files, not pipes: a chatty child can never block on a full pipe.
-        proc = subprocess.Popen([sys.executable, "-m", "memfit.estimate.child",
-                                 json.dumps(request)], stdout=out, stderr=err, text=True,
-                                env=_child_env(request.get("device", "cpu"),
-                                               request.get("allocator", "default")))
+    env = _child_env(request.get("device", "cpu"), request.get("allocator", "default"))
+    with tempfile.TemporaryDirectory(prefix="memfit-child-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out.touch()
+        err.touch()
+        proc = _start(request, env, out, err)
         try:
             killed, peak = _watch(proc, budget=budget, timeout=timeout, started=started,
                                   interval=interval)
@@ -114,14 +221,27 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        reports = read_reports(_read(out))
-        stderr = _read(err)
-    return _result(reports, killed=killed, peak=peak, returncode=proc.returncode,
-                   stderr=stderr, seconds=time.time() - started)
+        if isinstance(proc, WarmChild) and proc.returncode == START_COLD:
+            _warm_off(env)               # it set a variable read at import: start it anew
+            return run_child(request, budget=budget, timeout=timeout, interval=interval)
+        reports = read_reports(out.read_text(errors="replace"))
+        stderr = err.read_text(errors="replace")
+    r = _result(reports, killed=killed, peak=peak, returncode=proc.returncode, stderr=stderr,
+                seconds=time.time() - started)
+    return dataclasses.replace(r, started="warm" if isinstance(proc, WarmChild) else "cold")
 
 
-def _watch(proc: subprocess.Popen, *, budget: int | None, timeout: float, started: float,
-           interval: float) -> tuple[str | None, int | None]:
+def _warm_off(env: dict) -> None:
+    """Every later child of ``env`` starts as a new interpreter."""
+    if _warm is not None:
+        parent = _warm.get(key := json.dumps(env, sort_keys=True))
+        if parent is not None:
+            parent.close()
+        _warm[key] = None
+
+
+def _watch(proc: subprocess.Popen | WarmChild, *, budget: int | None, timeout: float,
+           started: float, interval: float) -> tuple[str | None, int | None]:
     """Samples the child's process tree every ``interval`` seconds until it ends, or until
     it passes ``budget`` (``"over-budget"``) or runs past ``timeout`` (``"timeout"``):
     returns why it must be killed (``None``: it ended) and the peak anonymous RSS seen."""
@@ -136,11 +256,6 @@ def _watch(proc: subprocess.Popen, *, budget: int | None, timeout: float, starte
             killed = "timeout"
             break
     return killed, sampler.peak.anon_or_total if sampler.peak is not None else None
-
-
-def _read(file: Any) -> str:
-    file.seek(0)
-    return file.read()
 
 
 def _result(reports: dict[str, dict], *, killed: str | None, peak: int | None,

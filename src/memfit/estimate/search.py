@@ -17,6 +17,12 @@ aiming stalls, or without an estimate (grow by ``step_factor`` from a batch that
 shrink from one that does not), it bisects until the bracket is within ``precision`` (or
 ``max_trials`` children ran).
 
+On the CPU every child, the estimate's too, is forked from one warm parent that imported
+the frameworks once (:func:`memfit.estimate.measure.warm_children`; ``warm=False``,
+``--cold``: new interpreters), so a search pays ``import tensorflow`` once, not once a
+child; a forked child measures what a new interpreter measures
+(``benchmarks/warm_children.py``).
+
 Example:
     >>> r = find_batch_size("mymodels:make_cnn", "2GiB")          # doctest: +SKIP
     >>> print(r)                                                  # doctest: +SKIP
@@ -33,7 +39,7 @@ from typing import Any
 from memfit import checks
 from memfit.estimate.advice import after_measuring
 from memfit.estimate.baseline import ensure_calibration
-from memfit.estimate.measure import ChildResult, measure_training, run_child
+from memfit.estimate.measure import ChildResult, measure_training, run_child, warm_children
 from memfit.estimate.model import (
     EstimateError,
     ModelSpec,
@@ -51,12 +57,15 @@ __all__ = ["SearchResult", "Trial", "find_batch_size"]
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """One child process of the search: a batch size, what happened, the peak seen."""
+    """One child process of the search: a batch size, what happened, the peak seen, and
+    how the child started (``"warm"``: forked after one import of the frameworks, see
+    :func:`memfit.estimate.measure.warm_children`; ``"cold"``: a new interpreter)."""
 
     batch_size: int
     status: str
     peak: int | None
     seconds: float
+    started: str = "cold"
 
     @property
     def fits(self) -> bool:
@@ -147,7 +156,13 @@ class SearchResult:
 
     def _against(self) -> str:
         """One line: the trials it took, and the answer against the estimate's range."""
-        said = f"  {format_count(len(self.trials), 'trial')}; the estimate"
+        said = f"  {format_count(len(self.trials), 'trial')}"
+        started = {t.started for t in self.trials}
+        if started == {"warm"}:
+            said += " (each forked after one import of the frameworks)"
+        elif "warm" in started:
+            said += " (forked after one import of the frameworks, then as new interpreters)"
+        said += "; the estimate"
         if self.estimated_point is not None and self.estimated_low is not None:
             said += (f"'s range: safe {self.estimated}, point {self.estimated_point}, "
                      f"optimistic {self.estimated_low}")
@@ -181,7 +196,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                     precision: float = 0.03, max_trials: int = 10, step_factor: float = 1.25,
                     start: int | None = None, timeout: float = 900.0,
                     on_trial: Any = None, allocator: str = "default",
-                    prove: bool = False) -> SearchResult:
+                    prove: bool = False, warm: bool = True) -> SearchResult:
     """Finds the largest batch size whose real training steps stay within ``budget``.
 
     Example:
@@ -213,6 +228,9 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         prove: run the child just past the answer even where the measured peaks already
             put it over the budget (by default the search stops there, one child sooner,
             and says so: ``inferred_failing``).
+        warm: on the CPU, fork each child from a warm parent that imported the
+            frameworks once (:func:`memfit.estimate.measure.warm_children`): each child
+            skips ``import tensorflow``; ``False``: each starts as a new interpreter.
 
     Raises:
         EstimateError: for a model that cannot be loaded (found by the estimate), or
@@ -238,65 +256,68 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
         str(model), parse_input_shape(input_shape))
     with input_errors():
         allocator = check_allocator(allocator)
-    report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
-                                allocator)
-    estimated = int(report.get("max_batch_size") or 0)
-    # On a GPU under JAX the budget is the device's: each child's allocator is held to it
-    # (less the per-process baseline the estimate adds, the CUDA context) and a step that
-    # does not fit fails there, a real device out-of-memory; elsewhere it is host RSS.
-    on_device = backend == "jax" and device.startswith("gpu")
-    device_limit = max(1, budget_bytes - int(report.get("baseline") or 0)) if on_device \
-        else None
+    # One import for the whole search: each child, the estimate's too, is forked from a
+    # warm parent that imported the frameworks (memfit.estimate.measure.warm_children).
+    with warm_children(warm):
+        report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
+                                    allocator)
+        estimated = int(report.get("max_batch_size") or 0)
+        # On a GPU under JAX the budget is the device's: each child's allocator is held to it
+        # (less the per-process baseline the estimate adds, the CUDA context) and a step that
+        # does not fit fails there, a real device out-of-memory; elsewhere it is host RSS.
+        on_device = backend == "jax" and device.startswith("gpu")
+        device_limit = max(1, budget_bytes - int(report.get("baseline") or 0)) if on_device \
+            else None
 
-    def measure(b: int) -> ChildResult:
-        r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
-                             steps=steps, device=device,
-                             budget=None if on_device else budget_bytes,
-                             timeout=timeout, allocator=allocator, device_limit=device_limit)
-        if on_device and r.report.get("gpu_peak") is not None:
-            # The device's allocator peak, plus the baseline the budget includes.
-            r = dataclasses.replace(r, peak=int(r.report["gpu_peak"]) + budget_bytes
-                                    - (device_limit or budget_bytes))
-        if r.fits and r.peak is not None and r.peak > budget_bytes:
-            # The child's own peak (the kernel's high-water mark) passed the budget
-            # between two of the watcher's samples: it did not fit (a held-out DCGAN
-            # generator "fitted" batch 76 at 479.4 MiB of a 477.5 MiB budget).
-            r = dataclasses.replace(r, status="over-budget")
-        return r
+        def measure(b: int) -> ChildResult:
+            r = measure_training(spec, b, dtype_policy=dtype_policy, optimizer=optimizer,
+                                 steps=steps, device=device,
+                                 budget=None if on_device else budget_bytes,
+                                 timeout=timeout, allocator=allocator, device_limit=device_limit)
+            if on_device and r.report.get("gpu_peak") is not None:
+                # The device's allocator peak, plus the baseline the budget includes.
+                r = dataclasses.replace(r, peak=int(r.report["gpu_peak"]) + budget_bytes
+                                        - (device_limit or budget_bytes))
+            if r.fits and r.peak is not None and r.peak > budget_bytes:
+                # The child's own peak (the kernel's high-water mark) passed the budget
+                # between two of the watcher's samples: it did not fit (a held-out DCGAN
+                # generator "fitted" batch 76 at 479.4 MiB of a 477.5 MiB budget).
+                r = dataclasses.replace(r, status="over-budget")
+            return r
 
-    search = _Search(measure, max_trials, on_trial)
-    search.infer = not prove
-    slope = float(report.get("bytes_per_sample") or 0)
-    if slope > 0:
-        # From the estimate's safe end, jump to where the measured peaks say the budget
-        # is reached (the estimate's slope, then the measured one), and prove the edge
-        # with one failing trial within the precision. Where not even batch size 1 is
-        # safe by the estimate (a model whose weights, slots and optimizer update are
-        # most of the budget: the wide MLP of issue 27), batch size 1 is the first trial:
-        # it says whether anything fits, and its peak is where the aim starts from.
-        search.secant(max(1, start if start is not None else estimated), budget_bytes,
-                      slope, precision, step_factor)
-    else:
-        # Without an estimate, batch size 1 may be far from the answer: double until a
-        # failure brackets it, then bisect.
-        near = start is not None or estimated > 0
-        search.bracket(max(1, start if start is not None else estimated),
-                       step_factor if near else max(step_factor, 2.0))
-    search.bisect(precision)
-    advice: tuple[str, ...] = ()
-    if search.lo == 0:
-        one = search.results.get(1)
-        lines = list(report.get("advice") or ()) or [
-            "nothing fits: use mixed precision, a lighter optimizer, or a smaller model"]
-        advice = tuple(lines if one is None else after_measuring(
-            lines, budget_bytes, one.peak, one.status, report.get("total")))
-    return SearchResult(batch_size=search.lo,
-                        peak=search.results[search.lo].peak if search.lo else None,
-                        budget=budget_bytes, estimated=estimated,
-                        smallest_failing=search.hi, trials=tuple(search.trials),
-                        advice=advice, estimated_point=report.get("point_batch_size"),
-                        estimated_low=report.get("low_batch_size"), precision=precision,
-                        inferred_failing=search.inferred)
+        search = _Search(measure, max_trials, on_trial)
+        search.infer = not prove
+        slope = float(report.get("bytes_per_sample") or 0)
+        if slope > 0:
+            # From the estimate's safe end, jump to where the measured peaks say the budget
+            # is reached (the estimate's slope, then the measured one), and prove the edge
+            # with one failing trial within the precision. Where not even batch size 1 is
+            # safe by the estimate (a model whose weights, slots and optimizer update are
+            # most of the budget: the wide MLP of issue 27), batch size 1 is the first trial:
+            # it says whether anything fits, and its peak is where the aim starts from.
+            search.secant(max(1, start if start is not None else estimated), budget_bytes,
+                          slope, precision, step_factor)
+        else:
+            # Without an estimate, batch size 1 may be far from the answer: double until a
+            # failure brackets it, then bisect.
+            near = start is not None or estimated > 0
+            search.bracket(max(1, start if start is not None else estimated),
+                           step_factor if near else max(step_factor, 2.0))
+        search.bisect(precision)
+        advice: tuple[str, ...] = ()
+        if search.lo == 0:
+            one = search.results.get(1)
+            lines = list(report.get("advice") or ()) or [
+                "nothing fits: use mixed precision, a lighter optimizer, or a smaller model"]
+            advice = tuple(lines if one is None else after_measuring(
+                lines, budget_bytes, one.peak, one.status, report.get("total")))
+        return SearchResult(batch_size=search.lo,
+                            peak=search.results[search.lo].peak if search.lo else None,
+                            budget=budget_bytes, estimated=estimated,
+                            smallest_failing=search.hi, trials=tuple(search.trials),
+                            advice=advice, estimated_point=report.get("point_batch_size"),
+                            estimated_low=report.get("low_batch_size"), precision=precision,
+                            inferred_failing=search.inferred)
 
 
 class _Search:
@@ -329,7 +350,7 @@ class _Search:
             if r.status == "error":
                 raise EstimateError(r.message)
             self.results[b] = r
-            trial = Trial(b, r.status, r.peak, r.seconds)
+            trial = Trial(b, r.status, r.peak, r.seconds, r.started)
             self.trials.append(trial)
             if self.on_trial is not None:
                 self.on_trial(trial)

@@ -1,0 +1,57 @@
+"""Measuring children forked from a warm parent (memfit.estimate.measure.warm_children):
+what they measure against a new interpreter, and the ways back to a cold start.
+benchmarks/warm_children.py compares the two on the held-out models, several rounds."""
+
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from memfit.estimate.measure import measure_training, warm_children
+
+MODELS = Path(__file__).with_name("models.py")
+TINY = f"{MODELS}:tiny"
+
+
+def warm_parents() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children()
+            if "memfit.memory.warm import serve" in " ".join(p.cmdline())]
+
+
+def test_a_forked_child_measures_what_a_new_interpreter_measures_and_one_follows_a_dead_parent():
+    with warm_children():
+        warm = measure_training(TINY, 32, steps=2)
+        [parent] = warm_parents()
+        assert warm.started == "warm" and warm.fits, warm.message
+        os.kill(parent.pid, signal.SIGKILL)          # killed (the OOM killer's choice?)
+        parent.wait(timeout=30)
+        cold = measure_training(TINY, 32, steps=2)   # the rest start cold
+        assert cold.started == "cold" and cold.fits, cold.message
+        assert warm_parents() == []
+    # The same memory, both ways: the fork keeps the import's pages (counted in the
+    # child's RSS, as a new interpreter's own import is) and its first op starts the
+    # runtime after the fork. About 0.3 MiB apart on 281 MiB on the development machine.
+    assert abs(warm.peak - cold.peak) < 0.02 * cold.peak, (warm, cold)
+    assert abs(warm.baseline - cold.baseline) < 0.02 * cold.baseline, (warm, cold)
+    assert abs(warm.measured - cold.measured) < max(0.1 * cold.measured, 2 * 2**20), (warm, cold)
+    with warm_children(False), warm_children():       # off inside on: still off
+        assert measure_training(TINY, 8, steps=1).started == "cold"
+
+
+def test_a_model_that_sets_a_variable_read_at_import_is_measured_in_a_new_interpreter(
+        tmp_path):
+    model = tmp_path / "sets_env.py"
+    model.write_text(textwrap.dedent("""
+        import os
+        os.environ["TF_MEMFIT_TEST_SETTING"] = "1"     # read at import, for all we know
+        import keras
+
+        def make():
+            return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    """))
+    with warm_children():
+        r = measure_training(f"{model}:make", 8, steps=1)
+        assert r.fits and r.started == "cold", r.message
+        assert warm_parents() == []          # and the next ones start cold too
