@@ -246,6 +246,28 @@ def test_a_real_keras_training_with_need_auto(tmp_path):
         (keras_result.directory / "stdout.log").read_text()
 
 
+def test_two_needs_estimated_in_one_plan_pay_one_import(tmp_path, monkeypatch):
+    """Each `need = 'auto'` is estimated in a child; two or more of them are forked from one
+    warm parent that imported the frameworks once (memfit.estimate.measure.warm_children),
+    and a larger batch still needs more. (Batch sizes no other test asks for: the planner
+    keeps each estimate for the session.)"""
+    from memfit.memory.warm import WarmParent
+
+    forked = []
+    real_start = WarmParent.start
+    monkeypatch.setattr(WarmParent, "start",
+                        lambda self, *a, **k: forked.append(k.get("module")) or
+                        real_start(self, *a, **k))
+    train = Path(__file__).parents[2] / "examples" / "share" / "train.py"
+    jobs = [{"name": f"b{b}", "command": ["python", str(train)], "need": "auto",
+             "model": f"{train}:build_model", "batch_size": b} for b in (48, 4096)]
+    p = plan(jobs, budget="4GiB", device="cpu", overhead="300MiB", workdir=tmp_path)
+    small, large = (next(j for j in p.jobs if j.name == n) for n in ("b48", "b4096"))
+    assert forked == ["memfit.estimate.child"] * 2
+    assert small.need_source == large.need_source == "auto"
+    assert 2**20 < small.need < large.need, (small.need, large.need)
+
+
 def test_a_gpu_this_machine_does_not_have_is_refused_before_anything_starts(tmp_path):
     """Without the card nothing could watch or enforce the jobs' GPU memory: one clear
     error (exit 2 from the CLI), not a run with every peak '-' and exit 0."""

@@ -296,8 +296,13 @@ def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,
     target = _target(spec, budget, device, overhead, Path(workdir), restart)
     problems: list[str] = []
     warnings = _overhead_warnings(target)
-    planned = [p for p in (_plan_job(job, target, problems, warnings) for job in spec.jobs)
-               if p is not None]
+    from memfit.estimate.measure import warm_children
+
+    # Two jobs or more whose need is estimated: their estimating children are forked from
+    # one parent that imported the frameworks once, not one import each.
+    with warm_children(sum(job.need_source == "auto" for job in spec.jobs) > 1):
+        planned = [p for p in (_plan_job(job, target, problems, warnings)
+                               for job in spec.jobs) if p is not None]
     if problems:
         raise JobsFileError(format_problems(spec.source, problems), problems)
     planned.sort(key=lambda j: (-j.charge, j.index))
