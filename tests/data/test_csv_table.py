@@ -62,3 +62,43 @@ def test_the_manifest_says_which_column_is_which_value_of_x(tmp_path):
     memfit.pack(csv=str(tmp_path / "t.csv"), output=tmp_path / "each", progress=False)
     assert Manifest.load(tmp_path / "each").source.endswith(
         "(2 rows; 4 columns, each a feature of its name)")
+
+
+def test_an_interrupted_csv_pack_resumes_when_the_same_command_is_run_again(tmp_path,
+                                                                           monkeypatch):
+    """The CSV file is converted to .npy columns in a scratch directory of a new name on
+    every run; the pack's fingerprint named those files (path, mtime), so the rerun the
+    error message asks for was refused as "an interrupted pack of different data"."""
+    import memfit
+    from memfit.data.packing import pack_shards
+
+    rows = "\n".join(f"{i},{i * 0.5},{i % 3}" for i in range(1600))
+    (tmp_path / "t.csv").write_text("a,b,target\n" + rows + "\n")
+    args = dict(csv=str(tmp_path / "t.csv"), label="target", shards=8, samples_per_record=16,
+                progress=False)
+    reference = memfit.pack(output=tmp_path / "ref", **args)
+    real, calls = pack_shards.write_shard, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(pack_shards, "write_shard", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        memfit.pack(output=tmp_path / "d", **args)
+    monkeypatch.setattr(pack_shards, "write_shard", real)
+    resumed = memfit.pack(output=tmp_path / "d", **args)
+    assert resumed.kept_shards == 3
+    assert [s.sha256 for s in resumed.manifest.splits["train"].shards] == \
+           [s.sha256 for s in reference.manifest.splits["train"].shards]
+    # a changed file is other data: refused, not resumed
+    with pytest.raises(KeyboardInterrupt):
+        monkeypatch.setattr(pack_shards, "write_shard", flaky)
+        calls.clear()
+        memfit.pack(output=tmp_path / "e", **args)
+    monkeypatch.setattr(pack_shards, "write_shard", real)
+    (tmp_path / "t.csv").write_text("a,b,target\n" + rows.replace("7,3.5", "7,9.5") + "\n")
+    with pytest.raises(DatasetError, match="different data"):
+        memfit.pack(output=tmp_path / "e", **args)

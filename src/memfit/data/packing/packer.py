@@ -361,6 +361,11 @@ def _open(source: Any, inputs: dict[str, Any], csv_dir: Path, label: str | None,
         paths, description = csv_to_npy(csv, csv_dir, label=label)   # checks every cell
         src = open_source(paths)
         src.description = description
+        # What a rerun must match to resume: the CSV file, not its conversion (made again,
+        # in a scratch directory of a new name, by every run).
+        st = os.stat(csv)
+        src.identity = (f"csv:{os.path.abspath(csv)}:{st.st_size}:{st.st_mtime_ns}:"
+                        f"label={label}:{description}")
     else:
         src = open_source(source, variable=options.variable)
     if isinstance(src, ArraySource):

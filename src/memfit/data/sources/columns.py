@@ -76,7 +76,14 @@ def _gather_mapped(col: np.memmap, indices: np.ndarray) -> np.ndarray:
 
 class ArraySource:
     """Random-access columns: NumPy arrays, ``np.memmap``\\s, or lists of arrays for
-    variable-shape features. All columns must have the same length."""
+    variable-shape features. All columns must have the same length.
+
+    ``identity``, where set, is what the columns were made from (a CSV file's path, size
+    and mtime, and how it was read): :meth:`fingerprint` names it instead of the columns'
+    own files, which are made again, under another name, by every run.
+    """
+
+    identity: str | None = None
 
     random_access = True
 
@@ -184,8 +191,13 @@ class ArraySource:
         """Identifies the content cheaply: paths with size and mtime, else shapes and a hash
         of a few rows (enough to refuse resuming a pack over different data)."""
         h = hashlib.sha256()
+        if self.identity is not None:
+            h.update(self.identity.encode())
         for name in sorted(self.columns):
             h.update(name.encode())
+            if self.identity is not None:
+                h.update(f"{self.features[name]}".encode())
+                continue
             if name in self.paths:
                 st = os.stat(self.paths[name])
                 h.update(f"{self.paths[name]}:{st.st_size}:{st.st_mtime_ns}".encode())
