@@ -169,12 +169,16 @@ def _warm_parent(request: dict, env: dict) -> WarmParent | None:
         _warm[key] = parent = None       # it died (killed?): the rest start cold
     if key not in _warm:
         frameworks = ("jax", "keras") if keras_backend() == "jax" else ("keras", "tensorflow")
+        parent = WarmParent(sys.executable, (), (*frameworks, _CHILD), env)
         with open(os.devnull, "w") as null:      # its import lines: nobody's to read
+            parent.stdout = parent.stderr = null
             try:
-                parent = WarmParent(sys.executable, (), (*frameworks, _CHILD), env,
-                                    stdout=null, stderr=null).open(timeout=DEFAULT_TIMEOUT)
+                parent.open(timeout=DEFAULT_TIMEOUT)
             except WarmStartError:
                 parent = None
+            except BaseException:                # Ctrl-C while it imports: leave none
+                parent.close()
+                raise
         _warm[key] = parent
     return parent
 

@@ -261,7 +261,8 @@ class WarmParent:
         self._to = self._from = None
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self.proc.wait(timeout=5)
+                # one still importing (a Ctrl-C meanwhile) has no child to wait for
+                self.proc.wait(timeout=5 if self.ready else 0)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
