@@ -8,8 +8,11 @@ import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
 
+from memfit.estimate import find_batch_size
 from memfit.estimate.measure import measure_training, warm_children
+from memfit.estimate.model import EstimateError
 
 MODELS = Path(__file__).with_name("models.py")
 TINY = f"{MODELS}:tiny"
@@ -55,3 +58,10 @@ def test_a_model_that_sets_a_variable_read_at_import_is_measured_in_a_new_interp
         r = measure_training(f"{model}:make", 8, steps=1)
         assert r.fits and r.started == "cold", r.message
         assert warm_parents() == []          # and the next ones start cold too
+
+
+def test_warm_and_prove_take_true_or_false_only():
+    for name in ("warm", "prove"):
+        with pytest.raises(EstimateError, match=f"{name} must be True or False. "
+                                                f"Received: {name}='no'"):
+            find_batch_size(TINY, "1GiB", **{name: "no"})

@@ -250,6 +250,8 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                                        "to one sample).")
         start = checks.count("start", start, optional=True, example=32,
                              hint="The first batch size to try (None: the estimate's).")
+        prove = checks.flag("prove", prove)
+        warm = checks.flag("warm", warm)
     if not step_factor > 1:
         raise EstimateError(f"step_factor must be above 1. Received: step_factor={step_factor!r}")
     spec = model if isinstance(model, ModelSpec) else ModelSpec(
