@@ -115,3 +115,31 @@ def test_a_dead_warm_parent_fails_the_next_start(tmp_path):
             p.start({}, ["x"], module="json.tool")
     finally:
         p.close()
+
+
+def test_ctrl_c_while_the_warm_parent_imports_ends_it_too(tmp_path):
+    # A stranger's Ctrl-C in the first seconds of find-batch-size: the CLI said
+    # "interrupted" and exited, and the warm parent (which ignores SIGINT) went on
+    # importing TensorFlow for 20 s more, an orphan nobody waited for.
+    import memfit
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(60)\n")
+    path = os.pathsep.join([str(tmp_path), str(Path(memfit.__file__).parents[1]),
+                            os.environ.get("PYTHONPATH", "")])
+    p = WarmParent(sys.executable, (), ("slow_import",), {"PYTHONPATH": path})
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            p.open(timeout=60)
+        assert p.proc is not None and p.proc.poll() is not None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait()

@@ -153,7 +153,12 @@ class WarmParent:
             os.close(from_child)
         self._to = os.fdopen(from_parent, "wb", buffering=0)
         self._from = os.fdopen(to_parent, "rb", buffering=0)
-        message = self._read(timeout, interrupted)
+        try:
+            message = self._read(timeout, interrupted)
+        except BaseException:       # Ctrl-C while it imports: it has nothing to finish
+            self.proc.kill()
+            self.close()
+            raise
         if message is None or message.get("event") != "ready":
             self.close()
             why = message.get("error") if message else None
