@@ -179,7 +179,8 @@ def test_when_batch_one_fails_the_advice_says_what_was_measured(monkeypatch):
               "advice": [f"{UNSURE_OF_ONE} (it needs up to 907.7 MiB)",
                          f"{INSIDE_RANGE} (581.4 MiB - 907.7 MiB): memfit find-batch-size "
                          f"measures real steps", "the optimizer keeps 128.2 MiB of state"]}
-    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+    monkeypatch.setattr(search_module, "_estimate_in_child",
+                        lambda *a, **k: ChildResult("ok", report=report))
     tried = []
 
     def measure(spec, b, **kwargs):
@@ -202,7 +203,8 @@ def _linear_children(monkeypatch, *, base, per_sample, budget, start, slope):
     from memfit.estimate import search as search_module
 
     report = {"max_batch_size": start, "bytes_per_sample": slope, "total": base}
-    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+    monkeypatch.setattr(search_module, "_estimate_in_child",
+                        lambda *a, **k: ChildResult("ok", report=report))
     tried = []
 
     def measure(spec, b, **kwargs):
@@ -265,7 +267,8 @@ def test_a_child_whose_own_peak_passed_the_budget_did_not_fit(monkeypatch):
 
     budget = 700 * MIB
     report = {"max_batch_size": 250, "bytes_per_sample": 0.9 * MIB, "total": 300 * MIB}
-    monkeypatch.setattr(search_module, "_estimate_in_child", lambda *a, **k: report)
+    monkeypatch.setattr(search_module, "_estimate_in_child",
+                        lambda *a, **k: ChildResult("ok", report=report))
 
     def measure(spec, b, **kwargs):
         peak = 300 * MIB + MIB * b

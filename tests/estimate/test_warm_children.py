@@ -13,6 +13,7 @@ import pytest
 from memfit.estimate import find_batch_size
 from memfit.estimate.measure import measure_training, warm_children
 from memfit.estimate.model import EstimateError
+from memfit.estimate.search import SearchResult, Trial
 
 MODELS = Path(__file__).with_name("models.py")
 TINY = f"{MODELS}:tiny"
@@ -58,6 +59,13 @@ def test_a_model_that_sets_a_variable_read_at_import_is_measured_in_a_new_interp
         r = measure_training(f"{model}:make", 8, steps=1)
         assert r.fits and r.started == "cold", r.message
         assert warm_parents() == []          # and the next ones start cold too
+    # and it is said why, naming the model's file (not the measuring child's)
+    assert r.cold_reason == ("sets_env.py sets TF_MEMFIT_TEST_SETTING='1' (the warm parent "
+                             "imported the frameworks with None)"), r.cold_reason
+    said = str(SearchResult(batch_size=8, peak=1, budget=2, estimated=8, smallest_failing=9,
+                            trials=(Trial(8, "ok", 1, 1.0, r.started),),
+                            cold_reason=r.cold_reason))
+    assert f"1 trial (new interpreters: {r.cold_reason}); the estimate" in said
 
 
 def test_warm_and_prove_take_true_or_false_only():

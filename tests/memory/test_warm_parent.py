@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memfit import exitcodes
-from memfit.memory.warm import WarmParent, WarmStartError
+from memfit.memory.warm import WarmParent, WarmStartError, cold_reason
 
 
 @pytest.fixture
@@ -80,9 +80,11 @@ def test_a_variable_read_at_import_changed_by_the_child_asks_for_a_cold_start(pa
                          who="memfit find-batch-size")
     assert child.wait(timeout=60) == exitcodes.START_COLD
     assert Path(out).read_text() == ""
+    said = Path(err).read_text()
     assert ("sets.py sets TF_SOMETHING='1' (the warm parent imported the frameworks with "
-            "None); memfit find-batch-size starts it again as a new interpreter"
-            in Path(err).read_text())
+            "None); memfit find-batch-size starts it again as a new interpreter" in said)
+    assert cold_reason(said) == ("sets.py sets TF_SOMETHING='1' (the warm parent imported "
+                                 "the frameworks with None)")
 
 
 def test_a_killed_child_is_reported_killed_and_the_parent_serves_on(parent, tmp_path):

@@ -50,7 +50,7 @@ from memfit.memory.allocator import check_policy as check_allocator
 from memfit.memory.allocator import policy_env
 from memfit.memory.process import ticks
 from memfit.memory.sampler import TreeSampler
-from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
+from memfit.memory.warm import WarmChild, WarmParent, WarmStartError, cold_reason
 from memfit.quiet import strip_noise
 
 __all__ = ["ChildResult", "run_child", "measure_training", "warm_children"]
@@ -78,6 +78,8 @@ class ChildResult:
         seconds: wall time of the child.
         started: ``"warm"`` (forked from a warm parent, see :func:`warm_children`) or
             ``"cold"`` (a new interpreter).
+        cold_reason: why a child that was forked had to run again as a new interpreter
+            (``"m.py sets TF_X='1' (...)"``), else ``None``.
     """
 
     status: str
@@ -88,6 +90,7 @@ class ChildResult:
     message: str = ""
     seconds: float = 0.0
     started: str = "cold"
+    cold_reason: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -227,7 +230,9 @@ def run_child(request: dict, *, budget: int | None = None, timeout: float = DEFA
             proc.wait()
         if isinstance(proc, WarmChild) and proc.returncode == START_COLD:
             _warm_off(env)               # it set a variable read at import: start it anew
-            return run_child(request, budget=budget, timeout=timeout, interval=interval)
+            why = cold_reason(err.read_text(errors="replace")) or "it asked to (exit 76)"
+            return dataclasses.replace(run_child(request, budget=budget, timeout=timeout,
+                                                 interval=interval), cold_reason=why)
         reports = read_reports(out.read_text(errors="replace"))
         stderr = err.read_text(errors="replace")
     r = _result(reports, killed=killed, peak=peak, returncode=proc.returncode, stderr=stderr,

@@ -93,6 +93,9 @@ class SearchResult:
             child proved the edge or the search did not stop on the peaks.
         trials: every child run, in order.
         advice: what to change when nothing fits.
+        cold_reason: why children that were to be forked from the warm parent ran as new
+            interpreters (a model module that sets a variable read at import), else
+            ``None``.
     """
 
     batch_size: int
@@ -106,6 +109,7 @@ class SearchResult:
     estimated_low: int | None = None
     precision: float | None = None
     inferred_failing: int | None = None
+    cold_reason: str | None = None
 
     @property
     def lower_bound(self) -> bool:
@@ -161,7 +165,10 @@ class SearchResult:
         if started == {"warm"}:
             said += " (each forked after one import of the frameworks)"
         elif "warm" in started:
-            said += " (forked after one import of the frameworks, then as new interpreters)"
+            said += " (forked after one import of the frameworks, then as new interpreters"
+            said += f": {self.cold_reason})" if self.cold_reason else ")"
+        elif self.cold_reason:
+            said += f" (new interpreters: {self.cold_reason})"
         said += "; the estimate"
         if self.estimated_point is not None and self.estimated_low is not None:
             said += (f"'s range: safe {self.estimated}, point {self.estimated_point}, "
@@ -175,7 +182,7 @@ class SearchResult:
 
 def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
                        optimizer: str | None, device: str, timeout: float,
-                       allocator: str) -> dict:
+                       allocator: str) -> ChildResult:
     # The child adds the cached baseline: measure it here first (once per machine), where
     # the line that says so is seen.
     ensure_calibration(device)
@@ -187,7 +194,7 @@ def _estimate_in_child(spec: ModelSpec, budget: int, policy: str | None,
     if r.status != "ok":
         raise EstimateError(f"The estimate failed in its child process ({r.status}): "
                             f"{r.message}")
-    return r.report
+    return r
 
 
 def find_batch_size(model: str | ModelSpec, budget: int | str, *,
@@ -261,8 +268,10 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
     # One import for the whole search: each child, the estimate's too, is forked from a
     # warm parent that imported the frameworks (memfit.estimate.measure.warm_children).
     with warm_children(warm):
-        report = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device, timeout,
-                                    allocator)
+        first = _estimate_in_child(spec, budget_bytes, dtype_policy, optimizer, device,
+                                   timeout, allocator)
+        report = first.report
+        reasons = [first.cold_reason] if first.cold_reason else []
         estimated = int(report.get("max_batch_size") or 0)
         # On a GPU under JAX the budget is the device's: each child's allocator is held to it
         # (less the per-process baseline the estimate adds, the CUDA context) and a step that
@@ -285,6 +294,8 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                 # between two of the watcher's samples: it did not fit (a held-out DCGAN
                 # generator "fitted" batch 76 at 479.4 MiB of a 477.5 MiB budget).
                 r = dataclasses.replace(r, status="over-budget")
+            if r.cold_reason:
+                reasons.append(r.cold_reason)
             return r
 
         search = _Search(measure, max_trials, on_trial)
@@ -319,7 +330,8 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                             smallest_failing=search.hi, trials=tuple(search.trials),
                             advice=advice, estimated_point=report.get("point_batch_size"),
                             estimated_low=report.get("low_batch_size"), precision=precision,
-                            inferred_failing=search.inferred)
+                            inferred_failing=search.inferred,
+                            cold_reason=reasons[0] if reasons else None)
 
 
 class _Search:

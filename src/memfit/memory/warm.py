@@ -50,7 +50,7 @@ from memfit import exitcodes
 from memfit.memory.process import running, start
 
 __all__ = ["WarmParent", "WarmChild", "WarmStartError", "changed_environment",
-           "IMPORT_TIME_PREFIXES", "serve"]
+           "IMPORT_TIME_PREFIXES", "COLD_MARK", "cold_reason", "serve"]
 
 # Environment variables read when the frameworks are imported (or their libraries
 # loaded): a process that gives one a new value itself must start as a new interpreter.
@@ -61,6 +61,8 @@ IMPORT_TIME_PREFIXES = ("KERAS_", "TF_", "TENSORFLOW_", "JAX_", "CUDA_", "NVIDIA
 # ... except TensorFlow's C++ log levels, which change only how much it prints (and
 # memfit filters its start-up lines anyway).
 _LOG_ONLY = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE")
+#: How the line a forked process prints before it asks to start cold begins.
+COLD_MARK = "memfit: "
 
 
 class WarmStartError(Exception):
@@ -320,11 +322,38 @@ def _watch_environment(event: str, args: tuple) -> None:
     problem = _conflict(name, value)
     if problem is None:
         return
-    print(f"memfit: {os.path.basename(sys.argv[0])} sets {problem}; {_who} starts it "
-          f"again as a new interpreter (set it before {_who} to keep warm starts)",
+    print(f"{COLD_MARK}{_setter()} sets {problem}; {_who} starts it again as a new "
+          f"interpreter (set it in the environment {_who} starts in, to keep warm starts)",
           file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(exitcodes.START_COLD)
+
+
+def _setter() -> str:
+    """The file whose code is setting the variable (a model module, not the measuring
+    child that imported it): the innermost caller outside ``os`` and this module."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name == __file__ or name.endswith(("/os.py", "<frozen os>"))):
+            return os.path.basename(name)
+        frame = frame.f_back
+    return os.path.basename(sys.argv[0])
+
+
+def cold_reason(stderr: str) -> str | None:
+    """Why a forked process asked to start again cold, from what it wrote to stderr
+    (the line of :data:`COLD_MARK`), or ``None``.
+
+    Example:
+        >>> cold_reason("memfit: m.py sets TF_X='1' (...); memfit starts it again as a new "
+        ...             "interpreter (...)")
+        "m.py sets TF_X='1' (...)"
+    """
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(COLD_MARK) and "starts it again as a new interpreter" in line:
+            return line[len(COLD_MARK):].split("; ", 1)[0]
+    return None
 
 
 def serve(requests: int, replies: int, modules: Sequence[str]) -> None:
