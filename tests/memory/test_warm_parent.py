@@ -145,3 +145,33 @@ def test_ctrl_c_while_the_warm_parent_imports_ends_it_too(tmp_path):
         if p.proc is not None and p.proc.poll() is None:
             p.proc.kill()
             p.proc.wait()
+
+
+def test_a_tied_warm_parent_and_its_child_die_with_the_process_that_started_them(tmp_path):
+    """find-batch-size's warm parent is tied: a CLI killed by SIGKILL (nothing of it runs
+    to close anything) takes the warm parent and the measuring child with it, instead of
+    leaving the child to run on, held to a budget by nobody."""
+    import subprocess
+
+    import psutil
+
+    sleeper = tmp_path / "sleeps.py"
+    sleeper.write_text("import time\ntime.sleep(120)\n")
+    code = textwrap.dedent(f"""
+        import sys, time
+        from memfit.memory.warm import WarmParent
+        p = WarmParent(sys.executable, (), ("json",), {{}}, tied=True).open(timeout=60)
+        c = p.start({{}}, ["sleeps.py"], script={str(sleeper)!r})
+        print(p.proc.pid, c.pid, flush=True)
+        time.sleep(120)
+    """)
+    requester = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 text=True)
+    parent_pid, child_pid = map(int, requester.stdout.readline().split())
+    assert psutil.pid_exists(parent_pid) and psutil.pid_exists(child_pid)
+    requester.kill()
+    requester.wait()
+    gone, alive = psutil.wait_procs([psutil.Process(parent_pid), psutil.Process(child_pid)],
+                                    timeout=10)
+    assert alive == []
+    # untied (memfit run's), the same parent would have outlived it

@@ -172,7 +172,9 @@ def _warm_parent(request: dict, env: dict) -> WarmParent | None:
         _warm[key] = parent = None       # it died (killed?): the rest start cold
     if key not in _warm:
         frameworks = ("jax", "keras") if keras_backend() == "jax" else ("keras", "tensorflow")
-        parent = WarmParent(sys.executable, (), (*frameworks, _CHILD), env)
+        # tied: a child nobody watches against the budget any more (this process died)
+        # dies too, as the warm parent does
+        parent = WarmParent(sys.executable, (), (*frameworks, _CHILD), env, tied=True)
         with open(os.devnull, "w") as null:      # its import lines: nobody's to read
             parent.stdout = parent.stderr = null
             try:

@@ -120,12 +120,16 @@ class WarmParent:
             children's environment: each child gets the same, as given to ``start``).
         stdout, stderr: open files for the output of the warm parent and of children
             started without ``output``, or ``None`` (this process's).
+        tied: the warm parent dies with this process, and each child it forked with it
+            (Linux's parent-death signal): for children nobody else may watch, such as
+            measuring children held to a budget by this process alone.
     """
 
     def __init__(self, python: str, flags: Sequence[str], modules: Sequence[str],
                  env: Mapping[str, str], *, stdout: IO | None = None,
-                 stderr: IO | None = None):
+                 stderr: IO | None = None, tied: bool = False):
         self.python, self.flags, self.modules = python, tuple(flags), tuple(modules)
+        self.tied = tied
         self.env = dict(env)
         self.stdout, self.stderr = stdout, stderr
         self.proc: subprocess.Popen | None = None
@@ -145,7 +149,8 @@ class WarmParent:
         code = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                 "try:\n    from memfit.memory.warm import serve\n"
                 "except ImportError:\n    raise SystemExit(3)\n"
-                f"serve({to_child}, {from_child}, {list(self.modules)!r})\n")
+                f"serve({to_child}, {from_child}, {list(self.modules)!r}, "
+                f"tied_to={os.getpid() if self.tied else None!r})\n")
         try:
             self.proc = start([self.python, *self.flags, "-c", code], self.env,
                               stdout=self.stdout, stderr=self.stderr,
@@ -356,7 +361,21 @@ def cold_reason(stderr: str) -> str | None:
     return None
 
 
-def serve(requests: int, replies: int, modules: Sequence[str]) -> None:
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``; Linux
+    only, elsewhere nothing), and at once if ``parent`` is already gone."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:          # it died before the signal was asked for
+        os._exit(1)
+
+
+def serve(requests: int, replies: int, modules: Sequence[str],
+          tied_to: int | None = None) -> None:
     """The warm parent's main loop (:meth:`WarmParent.open` starts it; not for direct
     use): imports ``modules``, says it is ready, then forks a process for each request
     and reports its exit, until the request pipe closes.
@@ -365,9 +384,13 @@ def serve(requests: int, replies: int, modules: Sequence[str]) -> None:
         requests: the descriptor requests are read from (one JSON object a line).
         replies: the descriptor replies are written to.
         modules: what to import first.
+        tied_to: the pid of the process that started this one: die with it, and have
+            each fork die with this one (``None``: outlive it, as ``memfit run``'s does).
     """
     import importlib
 
+    if tied_to is not None:
+        _die_with_parent(tied_to)
     started = time.perf_counter()
     out = os.fdopen(replies, "wb", buffering=0)
 
@@ -384,6 +407,7 @@ def serve(requests: int, replies: int, modules: Sequence[str]) -> None:
           threads=len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
           else None)
     source = os.fdopen(requests, "rb", buffering=0)
+    me = os.getpid()
     for line in source:
         request = json.loads(line)
         sys.stdout.flush()              # nothing buffered here is written twice
@@ -392,6 +416,8 @@ def serve(requests: int, replies: int, modules: Sequence[str]) -> None:
         if pid == 0:
             source.close()
             out.close()
+            if tied_to is not None:
+                _die_with_parent(me)
             raise SystemExit(_run(request))
         try:
             reply(event="forked", pid=pid)
