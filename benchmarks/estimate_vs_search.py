@@ -27,6 +27,18 @@ batch that fitted and the smallest that did not (the search's precision).
     .venv/bin/python benchmarks/estimate_vs_search.py --policy fixed
     .venv/bin/python benchmarks/estimate_vs_search.py --report-only
     .venv/bin/python benchmarks/estimate_vs_search.py --holdout --precision 0.03
+    .venv/bin/python benchmarks/estimate_vs_search.py --holdout --policy fixed \\
+        --precision 0.03 --again here --tag inferred-edge    # reference searches again
+
+``--again TAG`` searches each cached case's budget once more at ``--precision`` (the same
+budget in bytes, on whatever machine runs it), children as new interpreters, every edge
+proved by a child that ran (``prove=True``), and keeps it under ``name|policy|again|TAG``.
+It starts from the ``--from-estimate`` answer of ``--tag`` where there is one (a machine
+whose kernels make a sample cheaper can put the answer 18× above the old B0: growing by
+1.25 from there takes more than the 12 children a search may run), else from B0. The
+report then judges the ``--from-estimate`` searches (of ``--tag``) against it too: a
+search made on another machine (other kernels, another per-sample cost) is no reference
+for answers found on this one.
 """
 
 from __future__ import annotations
@@ -72,7 +84,7 @@ def source(name: str) -> str:
 
 
 def search(name: str, allocator: str, budget: int, baseline: int, start: int | None,
-           precision: float) -> dict:
+           precision: float, *, prove: bool = False, warm: bool = True) -> dict:
     """Runs find_batch_size; returns every trial (batch, fits, peak)."""
     from memfit.estimate.search import find_batch_size
 
@@ -80,7 +92,7 @@ def search(name: str, allocator: str, budget: int, baseline: int, start: int | N
     t = time.time()
     r = find_batch_size(source(name), budget, input_shape=shape, steps=4,
                         allocator=allocator, start=start, precision=precision,
-                        max_trials=12)
+                        max_trials=12, prove=prove, warm=warm)
     return {"budget": budget, "baseline": baseline, "found": r.batch_size,
             "smallest_failing": r.smallest_failing, "inferred_failing": r.inferred_failing,
             "trials": [[t.batch_size, t.fits, t.peak] for t in r.trials],
@@ -145,6 +157,9 @@ def main() -> None:
                    help="cache the --from-estimate searches under this tag, so a changed "
                         "search runs again beside the ones recorded before (the report "
                         "shows the tagged ones)")
+    p.add_argument("--again", default="",
+                   help="search every cached case's budget again (a reference made on "
+                        "this machine), kept under this tag")
     p.add_argument("--search-only", action="store_true",
                    help="run the searches, judge nothing (keeps a held-out set unseen "
                         "while the estimator is changed)")
@@ -183,6 +198,18 @@ def main() -> None:
                 os.replace(tmp, args.cache)
                 print(f"searched {fkey}: {cache[fkey]['found']} in "
                       f"{len(cache[fkey]['trials'])} children", file=sys.stderr, flush=True)
+            akey = f"{key}|again|{args.again}"
+            if args.again and key in cache and akey not in cache and not args.report_only:
+                seed = cache.get(f"{key}|from-estimate" + (f"|{args.tag}" if args.tag else ""))
+                cache[akey] = search(name, allocator, cache[key]["budget"],
+                                     cache[key].get("baseline", baseline),
+                                     (seed or {}).get("found") or batch, args.precision,
+                                     prove=True, warm=False)
+                tmp = args.cache.with_suffix(".tmp")
+                tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+                os.replace(tmp, args.cache)
+                print(f"searched {akey}: {cache[akey]['found']} "
+                      f"({cache[akey]['seconds']} s)", file=sys.stderr, flush=True)
             if key in cache and not args.search_only:
                 rows.append({"model": name, "family": family, "allocator": allocator,
                              **cache[key], **judge(name, allocator, cache[key],
@@ -208,14 +235,17 @@ def main() -> None:
                       + (f"|{args.tag}" if args.tag else ""))
         if f:
             truth = r["fitted"]
+            again = cache.get(f"{r['model']}|{r['allocator']}|again|{args.again}")
+            here = (max((b for b, ok, _ in again["trials"] if ok), default=0)
+                    if again else None)
             runs.append((r["model"], r["allocator"], len(f["trials"]), f["found"], truth,
-                         f.get("smallest_failing"), f.get("inferred_failing")))
+                         f.get("smallest_failing"), f.get("inferred_failing"), here))
     if runs:
         print("\n| model | policy | find-batch-size children (from the estimate, 3 %) | "
               "its answer | smallest that failed / put over by the peaks | largest that "
               "fitted (the search above) | answer ÷ that |\n| --- | --- | ---: | ---: | --- "
               "| ---: | ---: |")
-        for m, a, n, found, truth, failed, inferred in runs:
+        for m, a, n, found, truth, failed, inferred, _ in runs:
             edge = f"{inferred} (peaks)" if inferred is not None else str(failed)
             print(f"| {m} | {a} | {n} | {found} | {edge} | {truth} | "
                   f"{found / truth if truth else float('nan'):.2f} |")
@@ -225,6 +255,18 @@ def main() -> None:
               f"largest that fitted above ÷ 1.03 (or one sample below): "
               f"{sum(r[3] >= min(r[4] / 1.03, r[4] - 1) for r in runs)} of {len(runs)}, "
               f"above it: {sum(r[3] > r[4] for r in runs)}.")
+        again = [r for r in runs if r[7] is not None]
+        if again:
+            print(f"\n| model | policy | its answer | largest that fitted, searched again "
+                  f"here (`--again {args.again}`) | answer ÷ that |\n| --- | --- | ---: | "
+                  f"---: | ---: |")
+            for m, a, _, found, _, _, _, here in again:
+                print(f"| {m} | {a} | {found} | {here} | "
+                      f"{found / here if here else float('nan'):.3f} |")
+            print(f"\nAgainst the searches made again on this machine: answers within 3 % "
+                  f"(at least ÷ 1.03, or one sample below): "
+                  f"{sum(r[3] >= min(r[7] / 1.03, r[7] - 1) for r in again)} of {len(again)}; "
+                  f"above: {sum(r[3] > r[7] for r in again)}.")
     print(f"\n**{len(rows)} searches: the estimate's batch invited an out-of-memory in {bad}; "
           f"{unsettled} unsettled (between the largest batch that fitted and the smallest "
           f"that failed).** The estimate's batch ÷ the largest that fitted: median "
