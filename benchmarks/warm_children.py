@@ -50,6 +50,8 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=DEFAULT)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--allocator", default="default", choices=("default", "fixed"))
+    p.add_argument("--batch", type=int, help="every model at this batch (default: its B0)")
     p.add_argument("--json", type=Path, help="also write every child's figures here")
     args = p.parse_args()
     from memfit.estimate.measure import measure_training, warm_children
@@ -61,14 +63,17 @@ def main() -> None:
         opened = time.time() - t
         for name in args.models.split(","):
             model, batch, shape = case(name)
+            batch = args.batch or batch
             runs[name] = {"cold": [], "warm": []}
             for i in range(args.rounds):
                 for how in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
                     if how == "cold":
                         with warm_children(False):
-                            r = measure_training(model, batch, input_shape=shape, steps=4)
+                            r = measure_training(model, batch, input_shape=shape, steps=4,
+                                             allocator=args.allocator)
                     else:
-                        r = measure_training(model, batch, input_shape=shape, steps=4)
+                        r = measure_training(model, batch, input_shape=shape, steps=4,
+                                             allocator=args.allocator)
                     if r.status != "ok" or r.started != how:
                         raise SystemExit(f"{name} {how}: {r.status} ({r.started}) "
                                          f"{r.message[-300:]}")
@@ -82,7 +87,7 @@ def main() -> None:
           "MiB, new | forked | baseline MiB, new | forked | child s, new | forked | "
           "forked ÷ new |\n|---|---:|---|---|---:|---|---|---|---|---|---|---:|")
     for name, both in runs.items():
-        _, batch, _ = case(name)
+        batch = args.batch or case(name)[1]
         c, w = both["cold"], both["warm"]
 
         def col(rows: list, key: str, scale: float = 2**20, fmt: str = ".1f") -> str:
@@ -97,7 +102,7 @@ def main() -> None:
               f"{col(c, 'baseline')} | {col(w, 'baseline')} | {col(c, 'seconds', 1, '.1f')} "
               f"| {col(w, 'seconds', 1, '.1f')} | {ratio('seconds'):.2f} |")
     print(f"\nMedian (min–max) of {args.rounds} rounds; each round one child each way, "
-          f"their order alternating.")
+          f"their order alternating; allocator policy {args.allocator!r}.")
     if args.json:
         args.json.write_text(json.dumps({"opened": opened, "runs": runs}, indent=1))
 

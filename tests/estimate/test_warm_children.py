@@ -73,3 +73,14 @@ def test_warm_and_prove_take_true_or_false_only():
         with pytest.raises(EstimateError, match=f"{name} must be True or False. "
                                                 f"Received: {name}='no'"):
             find_batch_size(TINY, "1GiB", **{name: "no"})
+
+
+def test_a_child_whose_environment_drops_a_variable_of_this_one_starts_cold(monkeypatch):
+    # the default allocator policy removes MALLOC_MMAP_THRESHOLD_ (glibc reads it when a
+    # process starts): a warm parent started from this environment would have kept it
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    with warm_children():
+        r = measure_training(TINY, 8, steps=1, allocator="default")
+        assert r.fits and r.started == "cold", r.message
+        assert warm_parents() == []
+        assert r.report["allocator"] == "default", r.report["allocator"]

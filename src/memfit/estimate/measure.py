@@ -165,6 +165,11 @@ def _warm_parent(request: dict, env: dict) -> WarmParent | None:
     if _warm is None or _cold or request.get("device", "cpu") != "cpu" or \
             request.get("mode", "train") not in _WARM_MODES:
         return None
+    if any(name not in env for name in os.environ):
+        # The child's environment leaves out one of this process's variables (the
+        # default allocator policy drops MALLOC_MMAP_THRESHOLD_, which glibc reads at
+        # start-up): a warm parent, started from this environment, would keep it.
+        return None
     key = json.dumps(env, sort_keys=True)
     parent = _warm.get(key)
     if parent is not None and not parent.alive:
