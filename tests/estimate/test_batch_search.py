@@ -175,7 +175,8 @@ def test_when_batch_one_fails_the_advice_says_what_was_measured(monkeypatch):
     from memfit.estimate.advice import INSIDE_RANGE, UNSURE_OF_ONE
 
     budget = 600 * MIB
-    report = {"max_batch_size": 0, "bytes_per_sample": MIB, "total": 749 * MIB,
+    report = {"max_batch_size": 0, "point_batch_size": 0, "low_batch_size": 0,
+              "bytes_per_sample": MIB, "total": 749 * MIB,
               "advice": [f"{UNSURE_OF_ONE} (it needs up to 907.7 MiB)",
                          f"{INSIDE_RANGE} (581.4 MiB - 907.7 MiB): memfit find-batch-size "
                          f"measures real steps", "the optimizer keeps 128.2 MiB of state"]}
@@ -195,6 +196,9 @@ def test_when_batch_one_fails_the_advice_says_what_was_measured(monkeypatch):
                         "needs at about 749.0 MiB): raise the budget, or make the model or "
                         "its optimizer state smaller", "the optimizer keeps 128.2 MiB of state")
     assert "find-batch-size" not in str(r) and str(r).startswith("no batch size fits 600.0 MiB")
+    # not "safe 0, point 0, optimistic 0"
+    assert "; the estimate said no batch fits, even at its optimistic end" in str(r)
+    assert "safe 0" not in str(r)
 
 
 def _linear_children(monkeypatch, *, base, per_sample, budget, start, slope):

@@ -5,7 +5,7 @@ import keras
 import pytest
 
 from memfit.estimate import EstimateError
-from memfit.estimate.model import load
+from memfit.estimate.model import check_source, load
 
 
 class _Doubles(keras.layers.Layer):           # a custom layer nobody registered
@@ -30,3 +30,14 @@ def test_a_custom_layer_that_keras_cannot_rebuild_is_named(tmp_path):
     message = str(e.value)
     assert "Keras could not rebuild the model saved in" in message
     assert "register_keras_serializable" in message and "module:function" in message
+
+
+def test_a_python_file_that_is_not_there_says_where_it_was_looked_for(tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EstimateError) as e:
+        check_source("missing.py:build")
+    message = str(e.value)
+    assert message.startswith("No Python file 'missing.py' for model='missing.py:build'")
+    assert repr(str(tmp_path)) in message                  # where it was looked for
+    assert "path/to/file.py:function" in message           # and what to give instead

@@ -194,7 +194,10 @@ def check_source(source: str | os.PathLike) -> None:
                             f"Received: model={text!r}")
     if module_name.endswith(".py") or os.sep in module_name:
         if not Path(module_name).exists():
-            raise EstimateError(f"No Python file {module_name!r} for model={text!r}.")
+            raise EstimateError(
+                f"No Python file {module_name!r} for model={text!r} (looked for it from "
+                f"{os.getcwd()!r}): give the path of a file that exists, as "
+                f"path/to/file.py:function.")
         return
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -170,7 +170,10 @@ class SearchResult:
         elif self.cold_reason:
             said += f" (new interpreters: {self.cold_reason})"
         said += "; the estimate"
-        if self.estimated_point is not None and self.estimated_low is not None:
+        if self.estimated_low == 0 and not self.estimated_point and not self.estimated:
+            # a model too big for batch 1 read "safe 0, point 0, optimistic 0"
+            said += " said no batch fits, even at its optimistic end"
+        elif self.estimated_point is not None and self.estimated_low is not None:
             said += (f"'s range: safe {self.estimated}, point {self.estimated_point}, "
                      f"optimistic {self.estimated_low}")
         else:
