@@ -22,7 +22,8 @@ MAX_LINES = 600
 LAYERS: list[tuple[str, ...]] = [
     ("memfit._version", "memfit.errors", "memfit.exitcodes", "memfit.env", "memfit.checks",
      "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device",
-     "memfit.callable_package", "memfit.typed_json", "memfit.frameworks"),
+     "memfit.callable_package", "memfit.typed_json", "memfit.frameworks",
+     "memfit.lifeline"),
     ("memfit.memory",),
     ("memfit.data", "memfit.estimate"),
     ("memfit.report",),

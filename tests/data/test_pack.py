@@ -194,7 +194,7 @@ def test_a_writer_whose_pack_died_while_it_started_exits(orphaned):
     import sys
 
     parent = os.getpid() + (1 if orphaned else 0)
-    code = ("from memfit.data.packing.pack_writing import die_with_parent\n"
+    code = ("from memfit.lifeline import die_with_parent\n"
             f"die_with_parent({parent}); print('alive')")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)

@@ -84,3 +84,37 @@ def test_a_child_whose_environment_drops_a_variable_of_this_one_starts_cold(monk
         assert r.fits and r.started == "cold", r.message
         assert warm_parents() == []
         assert r.report["allocator"] == "default", r.report["allocator"]
+
+
+def test_a_child_started_as_a_new_interpreter_dies_with_the_process_that_started_it():
+    """A SIGKILL'd `find-batch-size --cold` (nothing of it runs to kill anything) left its
+    measuring child to train on, held to the budget by nobody: the child now dies with its
+    starter (memfit.lifeline), as a fork of a tied warm parent does."""
+    import subprocess
+    import sys
+    import time
+
+    code = textwrap.dedent(f"""
+        from memfit.estimate.measure import measure_training
+        measure_training({TINY!r}, 1, steps=10**6, timeout=3600)   # cold: no warm block
+    """)
+    requester = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        child = None
+        for _ in range(600):                       # up to 60 s for Python to start it
+            found = [p for p in psutil.Process(requester.pid).children()
+                     if "memfit.estimate.child" in " ".join(p.cmdline())]
+            if found:
+                child = found[0]
+                break
+            assert requester.poll() is None, "the requester ended before its child started"
+            time.sleep(0.1)
+        assert child is not None
+        requester.kill()
+        requester.wait()
+        # Without the tie it trains a million steps: minutes, not seconds.
+        gone, alive = psutil.wait_procs([child], timeout=20)
+        assert alive == [], [p.cmdline()[:3] for p in alive]
+    finally:
+        if requester.poll() is None:
+            requester.kill()

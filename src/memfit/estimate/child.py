@@ -21,7 +21,10 @@ Requests: ``{"mode": "train", "model": {...}, "batch_size": 32, "dtype_policy": 
 "optimizer": "adam", "steps": 4}`` (on a GPU under JAX, ``"device_limit"``: the
 device bytes it may use, handed to JAX as its memory fraction), ``{"mode":
 "calibrate"}``, or ``{"mode": "estimate", ...}`` (the estimate, made in the child:
-``find-batch-size`` never builds a model itself).
+``find-batch-size`` never builds a model itself). A child started as a new interpreter is
+given ``"parent"``, its starter's pid: it dies with it (:mod:`memfit.lifeline`), so that a
+killed ``find-batch-size --cold`` leaves no training behind, held to the budget by nobody
+(a forked child is tied by its warm parent).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from memfit.estimate.child_protocol import Report, emit
 from memfit.estimate.model import EstimateError, ModelSpec
 from memfit.estimate.training import make_batch, prepare
 from memfit.frameworks import keras_backend
+from memfit.lifeline import die_with_parent
 from memfit.memory.allocator import current_policy
 from memfit.memory.probe import jax_device_memory, measure, nvml_memory, sample, tf_gpu_memory
 
@@ -232,6 +236,8 @@ def calibrate(request: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     request = json.loads(argv[0])
+    if isinstance(request.get("parent"), int):
+        die_with_parent(request["parent"])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     mode = request.get("mode", "train")
     if mode == "train":

@@ -206,6 +206,9 @@ def _start(request: dict, env: dict, out: Path, err: Path) -> subprocess.Popen |
             _warm[json.dumps(env, sort_keys=True)] = None
     with open(out, "w") as o, open(err, "w") as e:
         # Files, not pipes: a chatty child can never block on a full pipe.
+        # A new interpreter dies with this process (memfit.lifeline), as a fork does
+        # with its tied warm parent.
+        request = {**request, "parent": os.getpid()}
         return subprocess.Popen([sys.executable, "-m", _CHILD, json.dumps(request)],
                                 stdout=o, stderr=e, env=env)
 

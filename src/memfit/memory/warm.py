@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from memfit import exitcodes
+from memfit.lifeline import die_with_parent
 from memfit.memory.process import running, start
 
 __all__ = ["WarmParent", "WarmChild", "WarmStartError", "changed_environment",
@@ -361,19 +362,6 @@ def cold_reason(stderr: str) -> str | None:
     return None
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``; Linux
-    only, elsewhere nothing), and at once if ``parent`` is already gone."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:          # it died before the signal was asked for
-        os._exit(1)
-
-
 def serve(requests: int, replies: int, modules: Sequence[str],
           tied_to: int | None = None) -> None:
     """The warm parent's main loop (:meth:`WarmParent.open` starts it; not for direct
@@ -390,7 +378,7 @@ def serve(requests: int, replies: int, modules: Sequence[str],
     import importlib
 
     if tied_to is not None:
-        _die_with_parent(tied_to)
+        die_with_parent(tied_to)
     started = time.perf_counter()
     out = os.fdopen(replies, "wb", buffering=0)
 
@@ -417,7 +405,7 @@ def serve(requests: int, replies: int, modules: Sequence[str],
             source.close()
             out.close()
             if tied_to is not None:
-                _die_with_parent(me)
+                die_with_parent(me)
             raise SystemExit(_run(request))
         try:
             reply(event="forked", pid=pid)

@@ -60,13 +60,13 @@ from memfit.data.packing.pack_replace import shown_name
 from memfit.data.packing.pack_writing import (
     HashingWriter,
     WritePipe,
-    die_with_parent,
     unguarded_script,
     writer_died,
 )
 from memfit.data.sources.columns import ArraySource, StreamSource
 from memfit.data.sources.opening import open_source
 from memfit.errors import DatasetError
+from memfit.lifeline import die_with_parent
 
 __all__ = ["ShardWriter", "encode_block", "write_shard", "pack_shards",
            "pack_stream"]

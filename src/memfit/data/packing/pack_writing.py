@@ -23,7 +23,6 @@ import hashlib
 import mmap
 import os
 import queue
-import signal
 import sys
 import threading
 from collections.abc import Callable, Hashable
@@ -33,7 +32,7 @@ from typing import IO, Any
 from memfit.atomic import discard, temporary_name
 
 __all__ = ["HashingWriter", "Committer", "WritePipe", "STAGING_BYTES", "ALIGN",
-           "die_with_parent", "unguarded_script", "writer_died"]
+           "unguarded_script", "writer_died"]
 
 # A HashingWriter's direct writes, two buffers of it per shard being written. 4 MiB held
 # 8 MiB more than 2 MiB while packing, a working set a 0.25 GB source never filled
@@ -368,21 +367,6 @@ class WritePipe:
 
 
 # -- the writer processes of workers > 1 -----------------------------------------------
-
-def die_with_parent(parent: int) -> None:
-    """A writer process dies with the pack that started it (Linux): a killed pack must not
-    leave writers that go on renaming shards into place while it is rerun. A pack killed
-    while the writer was still starting (before ``prctl``) is seen by its parent's pid."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)            # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:                  # orphaned already: the signal never comes
-        os._exit(1)
-
 
 def unguarded_script() -> str | None:
     """What is wrong when the ``__main__`` module is a script without a ``__main__`` guard
