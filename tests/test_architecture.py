@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memfit._version", "memfit.errors", "memfit.exitcodes", "memfit.env", "memfit.checks",
      "memfit.sizes", "memfit.atomic", "memfit.workdir", "memfit.quiet", "memfit.device",
      "memfit.callable_package", "memfit.typed_json", "memfit.frameworks",
-     "memfit.lifeline"),
+     "memfit.lifeline", "memfit.command_start"),
     ("memfit.memory",),
     ("memfit.data", "memfit.estimate"),
     ("memfit.report",),

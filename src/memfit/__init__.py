@@ -37,6 +37,10 @@ points down this list or stays inside its own package, with no cycles and no
     cli        one module per subcommand
 """
 
+from memfit.command_start import hold_interrupts
+
+hold_interrupts()        # the `memfit` command only: a Ctrl-C while it imports is one line
+
 from typing import Any
 
 from memfit._version import __version__

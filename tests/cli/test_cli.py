@@ -298,3 +298,42 @@ def test_one_of_a_thing_is_not_plural(tmp_path, capsys):
         for wrong in ("1 samples", "1 shards", "1 batches", "1 windows", "1 threads",
                       "1 records", "1 steps"):
             assert wrong not in said, said
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line_not_a_traceback(tmp_path):
+    """A Ctrl-C in the command's first second (memfit's imports, before main can catch
+    anything) printed Python's KeyboardInterrupt traceback from inside an import. The
+    signal is sent once NumPy is loaded into the process (its C extension in
+    /proc/PID/maps), which memfit's imports reach well before they end."""
+    import os
+    import pathlib
+    import signal
+    import time
+
+    memfit = pathlib.Path(sys.executable).parent / "memfit"
+    proc = subprocess.Popen([str(memfit), "watch", "--", sys.executable, "-c",
+                             "import time; time.sleep(30)"], start_new_session=True, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/maps") as f:
+                if "_multiarray_umath" in f.read():
+                    break
+        os.killpg(proc.pid, signal.SIGINT)           # the terminal's Ctrl-C: the group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().endswith("interrupted"), err
+
+
+def test_only_the_memfit_console_script_holds_ctrl_c(tmp_path):
+    from memfit.command_start import hold_interrupts
+
+    mine = tmp_path / "memfit"                       # a user's own program called memfit
+    mine.write_text("import memfit\n")
+    assert not hold_interrupts(argv0=str(mine))
+    assert not hold_interrupts(argv0=sys.executable)

@@ -32,6 +32,7 @@ from memfit.cli import (
     watch_cmd,
 )
 from memfit.cli.common import CliSpelling, Parser, cli_spelling, silence_stdout
+from memfit.command_start import release_interrupts
 from memfit.errors import MemfitError
 from memfit.quiet import quieted
 from memfit.share.jobs import JobsFileError
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memfit`` console script."""
+    release_interrupts()          # from here on a Ctrl-C is handled below
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
