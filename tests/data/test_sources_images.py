@@ -378,6 +378,7 @@ def test_an_image_size_that_is_not_two_whole_numbers_is_refused(size):
     with pytest.raises(DatasetError, match="image_size must be two positive integers"):
         parse_image_size(size)
     assert parse_image_size((16.0, 24)) == (16, 24) and parse_image_size("16x24") == (16, 24)
+    assert parse_image_size("16X24") == (16, 24)       # a stranger's 64X64 was refused
 
 
 def test_an_image_memfit_may_not_read_is_not_called_damaged(tmp_path, monkeypatch):

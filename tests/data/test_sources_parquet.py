@@ -96,8 +96,14 @@ def test_cli_pack_and_bad_input(tmp_path):
     pq.write_table(pa.table({"when": pa.array([1, 2], pa.timestamp("s"))}),
                    tmp_path / "dates.parquet")
     (tmp_path / "not.parquet").write_text("a,b\n1,2\n")
+    (tmp_path / "spark.parquet").mkdir()            # a folder of part files ("No such file")
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "spark.parquet" / "part-0.parquet")
     before = set(os.listdir(tmp_path))
     for args, words in [(["--parquet", "missing.parquet"], "No such Parquet file"),
+                        (["--parquet", "spark.parquet"],
+                         "'spark.parquet' is a directory, not a Parquet file (it holds 1 "
+                         ".parquet file, e.g. 'spark.parquet/part-0.parquet'): memfit packs "
+                         "one Parquet file at a time"),
                         (["--parquet", "not.parquet"], "is not a readable Parquet file"),
                         (["--parquet", "dates.parquet"], "column 'when' is timestamp")]:
         r = subprocess.run([sys.executable, "-m", "memfit", "pack", *args, "-o", "out"],

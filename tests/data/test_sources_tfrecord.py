@@ -178,11 +178,15 @@ def test_cli_bad_input_is_one_line_exit_2_and_nothing_left(tmp_path):
     (tmp_path / "bad.tfrecords").write_bytes(bytes(data))
     (tmp_path / "cut.tfrecords").write_bytes(bytes(data[: len(data) // 3]))
     (tmp_path / "shards.tfrecords").mkdir()            # a directory with the files' suffix
+    (tmp_path / "text.tfrecords").write_text("hello world this is text\n")
     before = set(os.listdir(tmp_path))
     for pattern, words in [("nothing*.tfrecords", "No TFRecord file matches 'nothing*"),
                            ("shards.tfrecords", "'shards.tfrecords' is a directory, not a "
                                                 "TFRecord file: give its files (a quoted glob "
                                                 "such as 'shards.tfrecords/*.tfrecords')"),
+                           # not "damaged, write it again": it never was one (a stranger)
+                           ("text.tfrecords", "text.tfrecords' is not a TFRecord file, or "
+                                              "is damaged from its first byte"),
                            ("bad.tfrecords", "bad.tfrecords' is damaged: corrupt"),
                            ("cut.tfrecords", "cut.tfrecords' is damaged: truncated")]:
         r = _run("pack", "--tfrecord", pattern, "-o", "out", cwd=tmp_path)

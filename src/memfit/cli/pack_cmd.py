@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "keras.utils.image_dataset_from_directory)")
     p.add_argument("--image-size", metavar="H,W",
                    help="with --images: the height and width images are resized to "
-                        "(bilinear, as Keras)")
+                        "(bilinear, as Keras); H,W or HxW")
     p.add_argument("--crop-to-aspect-ratio", action="store_true",
                    help="with --images: crop each image (centred) to the aspect ratio of "
                         "--image-size before resizing")

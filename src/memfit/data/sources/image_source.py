@@ -85,13 +85,14 @@ _PACK_IMAGES_NUMPY = 36
 
 
 def parse_image_size(value: Any) -> tuple[int, int]:
-    """``(height, width)`` from ``"128,128"`` or a pair of positive integers.
+    """``(height, width)`` from ``"128,128"`` (or ``"128x128"``, ``"128X128"``) or a pair of
+    positive integers.
 
     Example:
         >>> parse_image_size("128,96")
         (128, 96)
     """
-    parts = value.replace("x", ",").split(",") if isinstance(value, str) else value
+    parts = value.lower().replace("x", ",").split(",") if isinstance(value, str) else value
     try:
         parts = list(parts)
         # 16.5 is not truncated to 16, nor True taken for 1 (a stranger packed 1x16)
@@ -103,7 +104,8 @@ def parse_image_size(value: Any) -> tuple[int, int]:
             raise ValueError
     except (TypeError, ValueError):
         raise DatasetError(f"image_size must be two positive integers, height and width "
-                           f"(e.g. '128,128'). Received: image_size={value!r}") from None
+                           f"(e.g. '128,128' or '128x128'). Received: image_size={value!r}"
+                           ) from None
     return h, w
 
 
@@ -372,9 +374,9 @@ class ImageFolderSource(ArraySource):
         crop = ", crop_to_aspect_ratio" if self.crop else ""
         n = len(self.skipped)
         skipped = f"; skipped {format_count(n, 'file')} that do{'es' if n == 1 else ''} " \
-            f"not decode: {json.dumps(self.skipped)}" if self.skipped else ""
+            f"not decode: {json.dumps(self.skipped, ensure_ascii=False)}" if self.skipped else ""
         self.description = (f"images {self.folder} ({format_count(self.length, 'file')}, classes "
-                            f"{json.dumps(self.class_names)} → label 0..."
+                            f"{json.dumps(self.class_names, ensure_ascii=False)} → label 0..."
                             f"{len(self.class_names) - 1}; image_size {self.size[0]}x"
                             f"{self.size[1]}, bilinear{crop}"
                             f"{', kept encoded' if self.keep_encoded else ''}{skipped})")

@@ -71,6 +71,14 @@ def use_system_pool() -> bool:
 
 def _open(path: str) -> Any:
     _, pq = _pyarrow()
+    if os.path.isdir(path):
+        # A Spark or pyarrow dataset is a folder of part files: "No such file" was false.
+        parts = sorted(p for p in os.listdir(path) if p.endswith(".parquet"))
+        hint = (f" (it holds {len(parts)} .parquet file{'s' if len(parts) != 1 else ''}, "
+                f"e.g. {os.path.join(path, parts[0])!r})" if parts else "")
+        raise DatasetError(f"{path!r} is a directory, not a Parquet file{hint}: memfit packs "
+                           f"one Parquet file at a time; give one file, or pack each part "
+                           f"file to its own output. Received: parquet={path!r}")
     if not os.path.isfile(path):
         raise DatasetError(f"No such Parquet file: {path!r}. Received: parquet={path!r}")
     try:

@@ -444,13 +444,20 @@ class TFRecordSource(ArraySource):
                     self._size.append(len(payload))
                     count += 1
         except RecordError as e:
-            if e.index == 0 and e.offset == 0 and ".tfrec" not in path.name:
-                # Not one good frame, and not named as one: another kind of file.
-                raise DatasetError(f"{str(path)!r} is not a TFRecord file: its first bytes "
-                                   f"are not a TFRecord frame (nor GZIP or ZLIB). Give "
-                                   f"TFRecord files of tf.train.Example records; a Parquet, "
-                                   f"CSV or .npz file is packed with its own option "
-                                   f"(--parquet, --csv, or as arrays).") from None
+            if e.index == 0 and e.offset == 0:
+                # Not one good frame: another kind of file (a text file named .tfrecords
+                # was called damaged, "write it again", which it never was: a stranger).
+                if ".tfrec" not in path.name:
+                    raise DatasetError(f"{str(path)!r} is not a TFRecord file: its first "
+                                       f"bytes are not a TFRecord frame (nor GZIP or ZLIB). "
+                                       f"Give TFRecord files of tf.train.Example records; a "
+                                       f"Parquet, CSV or .npz file is packed with its own "
+                                       f"option (--parquet, --csv, or as arrays).") from None
+                raise DatasetError(f"{str(path)!r} is not a TFRecord file, or is damaged "
+                                   f"from its first byte: its first bytes are not a TFRecord "
+                                   f"frame (nor GZIP or ZLIB; {e}). Give TFRecord files of "
+                                   f"tf.train.Example records, or leave this one out of the "
+                                   f"pattern.") from None
             raise DatasetError(f"TFRecord file {str(path)!r} is damaged: {e} (its CRC32C "
                                f"does not match, or the file is cut short). Write the file "
                                f"again, or leave it out of the pattern.") from None
