@@ -7,7 +7,7 @@ import os
 import re
 
 __all__ = ["MemfitError", "DatasetError", "CorruptShardError", "FrameworkMissingError",
-           "write_failure", "cause"]
+           "Interrupted", "write_failure", "cause"]
 
 
 class MemfitError(Exception):
@@ -39,6 +39,18 @@ class FrameworkMissingError(MemfitError, ImportError):
     """A capability needs a framework that is not installed (TensorFlow, Keras); the
     message names the extra that installs it. An :class:`ImportError` too, so that
     ``except ImportError`` still catches it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C (SIGINT) that stopped work which leaves something on disk: the message
+    says what was left and what to do (``memfit pack``: the shards kept, and that the same
+    command resumes). A :class:`KeyboardInterrupt`, so that whatever stops on one still
+    does; ``memfit.cli.main`` prints the message after ``interrupted``.
+
+    Example:
+        >>> str(Interrupted("'out' keeps 3 finished shards"))
+        "'out' keeps 3 finished shards"
+    """
 
 
 _WRITE_HINTS = {errno.ENOSPC: "free space on that disk",

@@ -14,7 +14,7 @@ import memfit
 from memfit.data.format.manifest import MANIFEST, Manifest
 from memfit.data.packing import arrays_pack, pack_shards
 from memfit.data.packing.pack_output import STATE
-from memfit.errors import DatasetError
+from memfit.errors import DatasetError, Interrupted
 from tests.data.helpers import small_arrays
 
 
@@ -28,22 +28,29 @@ def _dead_pid():
     return proc.pid
 
 
-def _interrupted(arrays, out, after, **kw):
-    """A pack stopped (as by Ctrl-C) after ``after`` shards were written."""
+class _Killed(BaseException):
+    """What SIGKILL does to a pack, played in this process: it stops where it is, and no
+    handler of the pack runs (a Ctrl-C's does: it removes a directory with nothing kept)."""
+
+
+def _interrupted(arrays, out, after, by=KeyboardInterrupt, **kw):
+    """A pack stopped (by Ctrl-C, or ``by``) after ``after`` shards were written; the
+    exception it ended with."""
     real, calls = pack_shards.write_shard, []
 
     def flaky(*args, **kwargs):
         calls.append(1)
         if len(calls) > after:
-            raise KeyboardInterrupt
+            raise by
         return real(*args, **kwargs)
 
     pack_shards.write_shard = flaky
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(by) as e:
             memfit.pack(arrays, out, progress=False, **kw)
     finally:
         pack_shards.write_shard = real
+    return e.value
 
 
 def test_rerun_after_a_kill_removes_the_killed_packs_temporary_shard(tmp_path):
@@ -69,7 +76,7 @@ def test_kill_inside_the_first_shard_or_before_the_state_is_removed_resumes(tmp_
     memfit.pack(arrays, ref, progress=False, **kw)
     # killed while writing the very first shard: only its temporary file exists
     out = tmp_path / "first"
-    _interrupted(arrays, out, after=0, **kw)
+    _interrupted(arrays, out, after=0, by=_Killed, **kw)
     (out / f".tmp-{_dead_pid()}-train-00000-of-00004.tfrecord").write_bytes(b"x")
     memfit.pack(arrays, out, progress=False, **kw)
     assert _ls(out) == _ls(ref)
@@ -90,6 +97,50 @@ def test_kill_inside_the_first_shard_or_before_the_state_is_removed_resumes(tmp_
     assert STATE in _ls(out) and MANIFEST in _ls(out)
     r = memfit.pack(arrays, out, progress=False, **kw)
     assert r.kept_shards == 4 and _ls(out) == _ls(ref) and memfit.verify(out).ok
+
+
+def test_a_ctrl_c_keeps_the_finished_shards_and_says_so_or_leaves_nothing(tmp_path):
+    """A stranger's Ctrl-C in the first pass of a GZIP TFRecord pack left an empty output
+    directory, and `memfit pack: interrupted` said nothing of what was left."""
+    arrays, kw = small_arrays(800), dict(shards=8, samples_per_record=16)
+    e = _interrupted(arrays, tmp_path / "new", after=0, **kw)
+    assert isinstance(e, Interrupted) and not (tmp_path / "new").exists()
+    assert str(e) == f"nothing was kept ({str(tmp_path / 'new')!r}, which it had made, is removed)"
+    deep = tmp_path / "a" / "b"                     # the outermost directory made goes
+    _interrupted(arrays, deep, after=0, **kw)
+    assert not (tmp_path / "a").exists()
+    mine = tmp_path / "mine"                        # the user's own directory stays, empty
+    mine.mkdir()
+    e = _interrupted(arrays, mine, after=0, **kw)
+    assert _ls(mine) == [] and str(e) == f"nothing finished was kept in {str(mine)!r}"
+    out = tmp_path / "d"
+    e = _interrupted(arrays, out, after=3, **kw)
+    assert str(e) == (f"{str(out)!r} keeps the 3 shards finished: rerun the same command "
+                      f"to resume there, or delete {str(out)!r} to start over")
+    assert STATE in _ls(out) and not any(".tmp-" in n for n in _ls(out))
+    assert memfit.pack(arrays, out, progress=False, **kw).kept_shards == 3
+
+
+def test_the_command_says_what_a_ctrl_c_left(tmp_path, capsys, monkeypatch):
+    from memfit.cli import main
+
+    np.save(tmp_path / "x.npy", np.arange(4000, dtype=np.float32).reshape(1000, 4))
+    real, calls = pack_shards.write_shard, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pack_shards, "write_shard", flaky)
+    out = tmp_path / "out"
+    assert main(["pack", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--shards", "5",
+                 "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err == (f"memfit pack: interrupted; {str(out)!r} keeps the 2 shards finished: "
+                   f"rerun the same command to resume there, or delete {str(out)!r} to "
+                   f"start over\n")
 
 
 def test_a_live_process_temporary_file_is_refused_not_deleted(tmp_path):

@@ -94,8 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"memfit {args.command}: error: {cli_spelling(str(e), options, given)}",
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"memfit {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # what an interrupted command left, where it says so (an Interrupted from pack)
+        left = f"; {cli_spelling(str(e), options, given)}" if str(e) else ""
+        print(f"memfit {args.command}: interrupted{left}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (`memfit inspect DIR | head -1`): stop quietly, as a

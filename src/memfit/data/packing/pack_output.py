@@ -38,7 +38,7 @@ from memfit.memory.process import running
 from memfit.sizes import format_size
 
 __all__ = ["STATE", "prepare_output", "save_state", "already_packed", "check_output", "undo",
-           "write_failed", "remove", "clear_stale_temporaries"]
+           "after_interrupt", "write_failed", "remove", "clear_stale_temporaries"]
 
 STATE = ".memfit-pack-state.json"
 
@@ -214,6 +214,41 @@ def undo(out: Path, made: list[Path], before: set[str], resuming: bool) -> None:
             remove(p)
         elif not resuming and p.name not in before:
             remove(p)
+
+
+def after_interrupt(out: Path, made: list[Path], had_state: bool) -> str:
+    """Leaves ``out`` as a Ctrl-C in a pack (not a replacement) should, and says what it
+    holds: the finished shards stay for a rerun of the same command to resume from;
+    where none was finished, what this call made goes (a stranger's interrupted GZIP pack
+    left an empty directory), so that nothing but work kept is left behind.
+
+    Args:
+        out: the output directory; made: the directories this call created
+            (:func:`check_output`); had_state: ``out`` held an interrupted pack's state
+            before this call (its record is the user's, kept whatever it holds).
+
+    Returns:
+        The sentence for the command's ``interrupted`` line.
+    """
+    if out.is_dir():
+        undo(out, [], set(), resuming=True)         # this process's temporary files
+    try:
+        state = _read_state(out) if out.is_dir() else None
+    except DatasetError:
+        state = None
+    finished = len((state or {}).get("shards") or (state or {}).get("files") or {})
+    if finished:
+        what = "shard" if (state or {}).get("shards") else "file"
+        return (f"{str(out)!r} keeps the {finished} {what}{'s' if finished != 1 else ''} "
+                f"finished: rerun the same command to resume there, or delete "
+                f"{str(out)!r} to start over")
+    if made:
+        remove(made[0])
+        shown = str(out) if made[0] == out.absolute() else str(made[0])
+        return f"nothing was kept ({shown!r}, which it had made, is removed)"
+    if not had_state and out.is_dir():
+        (out / STATE).unlink(missing_ok=True)
+    return f"nothing finished was kept in {str(out)!r}"
 
 
 def write_failed(e: OSError, out: Path, kept: bool, replacing: bool = False) -> DatasetError:

@@ -39,6 +39,7 @@ from memfit.data.packing.arrays_pack import pack_arrays
 from memfit.data.packing.pack_options import PackOptions, check_record_size, check_split_counts
 from memfit.data.packing.pack_output import (
     STATE,
+    after_interrupt,
     already_packed,
     check_output,
     clear_stale_temporaries,
@@ -61,7 +62,7 @@ from memfit.data.sources.image_source import open_images
 from memfit.data.sources.opening import open_source
 from memfit.data.sources.parquet_source import open_parquet
 from memfit.data.sources.tfrecord_source import open_tfrecords
-from memfit.errors import DatasetError
+from memfit.errors import DatasetError, Interrupted
 from memfit.sizes import format_count, format_size
 
 __all__ = ["pack", "PackResult"]
@@ -219,6 +220,7 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
     if replacing:
         check_replaceable(out)          # before anything is written
     made = check_output(out)
+    had_state = (out / STATE).is_file()
     # a CSV source converted to .npy, compressed TFRecord files decompressed: this call's
     csv_dir = temporary_name(out / "csv")
     try:
@@ -236,6 +238,12 @@ def pack(source: Any = None, output: str | os.PathLike = "", *,
         if made:
             remove(made[0])
         raise
+    except KeyboardInterrupt:   # Ctrl-C: the finished shards stay, to resume from
+        left = (f"rerun the same command to go on with the replacement of {str(out)!r} "
+                f"(the dataset there stays whole until the new one is swapped in)"
+                if replacing
+                else after_interrupt(out, made, had_state))
+        raise Interrupted(left) from None
     finally:
         shutil.rmtree(csv_dir, ignore_errors=True)
     if not replacing:
