@@ -304,3 +304,21 @@ def test_summary_line_says_samples_bytes_rate_and_shards(tmp_path):
     r = memfit.pack(small_arrays(100), tmp_path / "d", shards=2, progress=False)
     text = str(r)
     assert "packed 100 samples" in text and "2 shards" in text and "/s" in text
+
+
+def test_a_shard_size_below_the_default_record_gets_smaller_records_not_one_big_shard(
+        tmp_path):
+    """A stranger's --shard-size 20KB on 152 KiB of images gave one shard of 152 KiB: the
+    default record (about 256 KiB) was never cut to fit. Records now shrink to the shard
+    size, as they do for an explicit shard count; a shard holds whole records, so it can
+    pass the size by less than one record."""
+    x = np.random.default_rng(0).random((200, 16, 16, 3), dtype=np.float32)   # 3 KiB each
+    r = memfit.pack({"x": x, "y": np.arange(200)}, tmp_path / "d", shard_size="20KB",
+                    progress=False)
+    shards = r.manifest.splits["train"].shards
+    k = r.manifest.samples_per_record
+    assert k * 3 * 1024 <= 20_000 and len(shards) == 31
+    assert max(s.bytes for s in shards) < 20_000 + k * 3200
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([b[1].numpy() for b in memfit.dataset(
+            tmp_path / "d", 50, features=("x", "y"), shuffle=False)])), np.arange(200))

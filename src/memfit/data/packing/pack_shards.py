@@ -309,11 +309,15 @@ def _sample_bytes(src: ArraySource, order: np.ndarray) -> float:
 
 
 def _samples_per_record(options: PackOptions, sample_bytes: float, smallest: int) -> int:
-    """``samples_per_record``, or about 256 KiB a record; an explicit shard count is
-    honoured: small data gets smaller records, not fewer shards."""
+    """``samples_per_record``, or about 256 KiB a record; an explicit shard count or shard
+    size is honoured: small data gets smaller records, not fewer or larger shards (a
+    stranger's ``--shard-size 20KB`` gave one shard of 152 KiB, silently)."""
     k = options.samples_per_record or _default_samples_per_record(sample_bytes)
     if options.samples_per_record is None and options.shards is not None:
         while k > 1 and math.ceil(smallest / k) < options.shards:
+            k //= 2
+    if options.samples_per_record is None and options.shard_bytes is not None:
+        while k > 1 and k * sample_bytes > options.shard_bytes:
             k //= 2
     return k
 
