@@ -128,6 +128,8 @@ def test_same_labels_class_order_and_pixels_as_keras(tmp_path, crop):
     assert '["Cat", "dog", "zebra"]' in m.source and names == ["Cat", "dog", "zebra"]
     assert m.features["image"].shape == (16, 12, 3) and m.features["image"].dtype == "uint8"
     ds = memfit.dataset(tmp_path / "ds", 64, shuffle=False, epochs=1)
+    # class names as data, as Keras gives them: they were only inside the free-text source
+    assert m.class_names == ("Cat", "dog", "zebra") and ds.class_names == names
     batch = next(iter(ds))
     images, labels = batch["image"].numpy(), batch["label"].numpy()
     assert labels.dtype == np.int64 and labels.tolist() == k_labels.tolist()
@@ -404,3 +406,26 @@ def test_an_image_memfit_may_not_read_is_not_called_damaged(tmp_path, monkeypatc
         memfit.pack(images=tmp_path / "p", image_size=(8, 8), output=tmp_path / "out",
                     progress=False)
     assert "does not decode" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_class_names_are_kept_with_every_format_and_only_for_images(tmp_path):
+    """A stranger: `memfit inspect` printed "z\\u00e8bre" and nothing but the free-text
+    source held the class names. The manifest keeps them as a list; the dataset has them as
+    ``class_names``, in both formats and with the files kept encoded, with a structure of
+    features too; arrays packed from NumPy have none."""
+    from memfit.cli import main
+
+    root = make_folder(tmp_path / "photos", formats=("png",))
+    (root / "zebra").rename(root / "zèbre")
+    for kind, kw in (("blocks", {}), ("arrays", {"format": "arrays"}),
+                     ("encoded", {"keep_encoded": True})):
+        out = tmp_path / kind
+        r = memfit.pack(images=root, image_size=(8, 8), output=out, progress=False, **kw)
+        assert r.manifest.class_names == ("Cat", "dog", "zèbre"), kind
+        ds = memfit.dataset(out, 4, features=("image", "label"), epochs=1)
+        assert ds.class_names == ["Cat", "dog", "zèbre"], kind
+    assert main(["inspect", str(tmp_path / "blocks")]) == 0
+    memfit.pack({"x": np.zeros((8, 2), np.float32)}, tmp_path / "plain", progress=False)
+    assert Manifest.load(tmp_path / "plain").class_names == ()
+    assert "class_names" not in (tmp_path / "plain" / "manifest.json").read_text()
+    assert not hasattr(memfit.dataset(tmp_path / "plain", 4), "class_names")

@@ -38,12 +38,14 @@ import numpy as np
 
 from memfit import checks
 from memfit.atomic import write_text_atomic
+from memfit.data.format.encoded_image import EncodedImage
 from memfit.data.format.records import LENGTHS_SUFFIX
 from memfit.errors import DatasetError
 
-__all__ = ["Feature", "EncodedImage", "Shard", "Split", "Manifest", "ManifestBase",
+__all__ = ["Feature", "Shard", "Split", "Manifest", "ManifestBase",
            "ManifestSchema", "MANIFEST", "FORMAT", "FORMAT_VERSION", "SUPPORTED_DTYPES",
-           "check_dtype", "check_feature_name", "manifest_file", "shard_name", "is_shard_name"]
+           "check_dtype", "check_feature_name", "manifest_file", "shard_name", "is_shard_name",
+           "class_names_of"]
 
 MANIFEST = "manifest.json"
 FORMAT = "memfit-tfrecord-blocks"
@@ -97,6 +99,25 @@ def manifest_file(path: str | os.PathLike) -> Path:
     return p if p.name == MANIFEST else p / MANIFEST
 
 
+def class_names_of(path: Any) -> tuple[str, ...]:
+    """The label's class names the dataset at ``path`` records (``()`` where it has none,
+    or ``path`` is not a dataset directory): what ``memfit.dataset`` gives its result as
+    ``class_names``, as Keras's ``image_dataset_from_directory`` does.
+
+    Example:
+        >>> class_names_of("no/such/directory")
+        ()
+    """
+    if not isinstance(path, str | os.PathLike) or not manifest_file(path).is_file():
+        return ()
+    file = manifest_file(path)
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return ()
+    return ManifestSchema(file).names(doc, "class_names") if isinstance(doc, dict) else ()
+
+
 def shard_name(split: str, index: int, count: int, compression: str | None) -> str:
     """``train-00003-of-00016.tfrecord`` (``.gz``/``.zz`` appended when compressed)."""
     suffix = {None: "", "GZIP": ".gz", "ZLIB": ".zz"}[compression]
@@ -106,47 +127,6 @@ def shard_name(split: str, index: int, count: int, compression: str | None) -> s
 def is_shard_name(name: str) -> bool:
     """Whether ``name`` is a pack's shard name (:func:`shard_name`; ``mine.tfrecords`` isn't)."""
     return re.fullmatch(r".+-\d{5,}-of-\d{5,}\.tfrecord(\.gz|\.zz)?", name) is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedImage:
-    """How a feature of encoded image files (``pack(images=..., keep_encoded=True)``) is
-    decoded in the stream: ``tf.io.decode_image(channels=3, expand_animations=False)``,
-    Keras's centred crop when ``crop_to_aspect_ratio``, ``tf.image.resize`` bilinear to
-    ``(height, width)``, rounded to uint8. ``largest`` is the ``(height, width)`` of the
-    packed image with the most pixels (what one decode holds, for the byte budget).
-
-    Example:
-        >>> e = EncodedImage(128, 96, False, (256, 256))
-        >>> EncodedImage.from_json(e.to_json()) == e, e.decoded_bytes
-        (True, 36864)
-    """
-
-    height: int
-    width: int
-    crop_to_aspect_ratio: bool
-    largest: tuple[int, int]
-
-    @property
-    def decoded_bytes(self) -> int:
-        """Bytes of one decoded, resized image (uint8, height × width × 3)."""
-        return self.height * self.width * 3
-
-    @property
-    def work_bytes(self) -> int:
-        """Bytes one decode holds at its peak: the largest image decoded (and cropped),
-        the float32 resize and the uint8 result."""
-        return 2 * self.largest[0] * self.largest[1] * 3 + 5 * self.decoded_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": "image", "size": [self.height, self.width], "channels": 3,
-                "interpolation": "bilinear", "crop_to_aspect_ratio": self.crop_to_aspect_ratio,
-                "largest": list(self.largest), "dtype": "uint8"}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> EncodedImage:
-        (h, w), (lh, lw) = doc["size"], doc["largest"]
-        return cls(int(h), int(w), bool(doc["crop_to_aspect_ratio"]), (int(lh), int(lw)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +209,8 @@ class ManifestBase(Generic[S]):
         path: the dataset directory (set when loaded or written).
         fingerprint: what ``memfit.pack`` packed (the source's identity and the options):
             a rerun of the same pack finds its dataset complete instead of refusing it.
+        class_names: the label's classes, label ``i`` is ``class_names[i]`` (an image
+            folder's sub-folders, as Keras's ``image_dataset_from_directory``; else empty).
     """
 
     features: dict[str, Feature]
@@ -239,6 +221,7 @@ class ManifestBase(Generic[S]):
     source: str = ""
     path: Path | None = None
     fingerprint: str = ""
+    class_names: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -246,9 +229,10 @@ class ManifestBase(Generic[S]):
     def common_json(self, fmt: str, version: int, **extra: Any) -> dict[str, Any]:
         """The fields every manifest writes first, in order (``extra`` after
         ``shuffled``): what :meth:`ManifestSchema.common` reads back."""
+        classes = {"class_names": list(self.class_names)} if self.class_names else {}
         return {"format": fmt, "format_version": version,
                 "memfit_version": self.memfit_version, "seed": self.seed,
-                "shuffled": self.shuffled, **extra, "source": self.source,
+                "shuffled": self.shuffled, **extra, "source": self.source, **classes,
                 "fingerprint": self.fingerprint}
 
     @property
@@ -457,7 +441,15 @@ class ManifestSchema:
         return dict(seed=self.count(doc, "seed"), shuffled=self.flag(doc, "shuffled"),
                     memfit_version=self.text(doc, "memfit_version"),
                     source=self.text(doc, "source", default=""), path=self.file.parent,
-                    fingerprint=self.text(doc, "fingerprint", default=""))
+                    fingerprint=self.text(doc, "fingerprint", default=""),
+                    class_names=self.names(doc, "class_names"))
+
+    def names(self, doc: dict[str, Any], key: str) -> tuple[str, ...]:
+        """An optional list of strings (``[]`` when absent)."""
+        value = self.field(doc, key, default=[])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(key, value, "a list of strings")
+        return tuple(value)
 
     def error(self, where: str, value: Any, want: str) -> DatasetError:
         """The error for field ``where`` holding ``value`` instead of ``want``."""

@@ -155,6 +155,7 @@ def pack_arrays(src: ArraySource, out: Path, state: dict[str, Any], options: Pac
         bar.close()
     manifest = ArraysManifest(features=dict(src.features), splits=splits, seed=options.seed,
                               shuffled=bool(options.shuffle), memfit_version=__version__,
-                              source=src.description, path=out, fingerprint=fingerprint or "")
+                              source=src.description, path=out, fingerprint=fingerprint or "",
+                              class_names=tuple(src.class_names))
     manifest.save(out)
     return manifest, reused

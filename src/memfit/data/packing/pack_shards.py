@@ -279,7 +279,8 @@ def _save_manifest(src: ArraySource | StreamSource, out: Path, splits: dict[str,
     manifest = Manifest(features=dict(src.features), splits=splits, samples_per_record=k,
                         compression=options.compression, seed=options.seed,
                         shuffled=bool(options.shuffle), memfit_version=__version__,
-                        source=src.description, path=out, fingerprint=fingerprint or "")
+                        source=src.description, path=out, fingerprint=fingerprint or "",
+                        class_names=tuple(src.class_names))
     manifest.save(out)
     return manifest
 

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from memfit import checks
 from memfit.data.format.arrays_format import is_arrays_source
-from memfit.data.format.manifest import Manifest, Shard, Split
+from memfit.data.format.manifest import Manifest, Shard, Split, class_names_of
 from memfit.data.read import arrays_reader
 from memfit.data.read.arguments import (
     check_arguments,
@@ -150,19 +150,25 @@ def dataset(path: str | os.PathLike | Mapping[str, Any], batch_size: int, *,
         the same batches: :class:`~memfit.data.read.feeds.keras_feed.KerasFeed`); its
         ``memfit_plan`` attribute is the :class:`~memfit.data.read.plan.DatasetPlan`
         (an :class:`~memfit.data.read.arrays_reader.ArraysPlan` for ``.npy`` sources).
+        A pack of a folder of images also has ``class_names`` (label ``i`` is
+        ``class_names[i]``, as on ``keras.utils.image_dataset_from_directory``).
 
     Raises:
         FrameworkMissingError: on a backend other than TensorFlow, shards only the TF
             reader reads, and TensorFlow not installed.
     """
     names, structure = split_features(features)
-    return restructured(
+    out = restructured(
         _read(path, batch_size, split=split, features=names, memory_budget=memory_budget,
               seed=seed, epoch=epoch, epochs=epochs, shuffle=shuffle,
               drop_remainder=drop_remainder, on_corrupt=on_corrupt, shard=shard,
               input_context=input_context, cap_arenas=cap_arenas, indices=indices,
               cache=cache, reader=reader),
         names, structure)
+    classes = class_names_of(path)
+    if classes:                 # a folder of images: label i is class_names[i], as Keras
+        out.class_names = list(classes)
+    return out
 
 
 def _read(path: Any, batch_size: int, *, split: str | None, features: Any,

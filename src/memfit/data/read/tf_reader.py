@@ -39,7 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from memfit.data.format.manifest import EncodedImage, Manifest, Shard
+from memfit.data.format.encoded_image import EncodedImage
+from memfit.data.format.manifest import Manifest, Shard
 from memfit.data.format.records import LENGTHS_SUFFIX
 from memfit.data.read.feeder import epochs_dataset
 from memfit.data.read.pipeline_tail import finish, warn_skipped

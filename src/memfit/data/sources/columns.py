@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,6 +84,9 @@ class ArraySource:
     """
 
     identity: str | None = None
+    #: the label's classes, label ``i`` is ``class_names[i]`` (an image folder's; empty
+    #: where the labels are the user's own numbers); the manifest records them.
+    class_names: Sequence[str] = ()
 
     random_access = True
 
@@ -224,6 +227,7 @@ class StreamSource:
 
     random_access = False
     length = None
+    class_names: Sequence[str] = ()
 
     def __init__(self, samples: Iterable[Mapping[str, Any]], *, variable: Iterable[str] = (),
                  description: str = "iterable"):

@@ -15,7 +15,7 @@ uint8. An ``image_size`` whose decoded images the pack could not hold in the mem
 available is refused when the source opens (:func:`check_image_memory`).
 
 With ``keep_encoded`` the ``image`` feature is each file's bytes as they are on disk (a
-variable uint8 feature whose :class:`~memfit.data.format.manifest.EncodedImage` says how
+variable uint8 feature whose :class:`~memfit.data.format.encoded_image.EncodedImage` says how
 the stream decodes it): every file is decoded once before anything is written, only to
 check that it decodes and to find the largest image, and :func:`decode_image` is the
 decode + resize a reader without TensorFlow would use.
@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from memfit.data.format.manifest import EncodedImage, Feature
+from memfit.data.format.encoded_image import EncodedImage
+from memfit.data.format.manifest import Feature
 from memfit.data.sources.columns import ArraySource, Columns
 from memfit.errors import DatasetError
 from memfit.memory.allocator import malloc_trim
