@@ -175,3 +175,35 @@ def test_a_tied_warm_parent_and_its_child_die_with_the_process_that_started_them
                                     timeout=10)
     assert alive == []
     # untied (memfit run's), the same parent would have outlived it
+
+
+def test_a_forked_scripts_tracebacks_are_its_own_even_under_two_ctrl_cs(parent, tmp_path):
+    """A stranger's Ctrl-C in a warm `memfit run` reached the training twice (from the
+    terminal, and passed on by memfit run): the second interrupted the printing of the
+    first, and three chained tracebacks ran through memfit.memory.warm. A new interpreter
+    prints the script's own traceback once; so does a fork now, for a crash too. (The
+    second Ctrl-C is sent while the traceback is printed: by the exception's __str__.)"""
+    script = tmp_path / "t.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, time
+        class Interrupted(KeyboardInterrupt):
+            def __str__(self):
+                os.kill(os.getpid(), signal.SIGINT)      # memfit run's, while printing
+                time.sleep(0.2)
+                return "twice"
+        def step():
+            if sys.argv[1] == "crash":
+                raise RuntimeError("boom")
+            raise Interrupted                            # the terminal's Ctrl-C
+        step()
+    """))
+    for how, codes, last in (("ctrl-c", (-signal.SIGINT, 128 + signal.SIGINT),
+                              "Interrupted: twice"), ("crash", (1,), "RuntimeError: boom")):
+        (tmp_path / how).mkdir()
+        out, err = files(tmp_path / how)
+        child = parent.start({}, ["t.py", how], script=str(script), output=(out, err))
+        assert child.wait(timeout=60) in codes, how
+        text = Path(err).read_text()
+        assert text.count("Traceback") == 1 and "warm.py" not in text, text
+        assert text.splitlines()[1].strip() == f'File "{script}", line 12, in <module>', text
+        assert text.rstrip().endswith(last), text

@@ -419,7 +419,6 @@ def _run(request: dict[str, Any]) -> int:
     """In the forked child: become ``python script.py args`` (or ``python -m module
     args``) and run it; its exit code."""
     import runpy
-    import traceback
 
     global _inherited, _who
     if request.get("output"):
@@ -452,16 +451,31 @@ def _run(request: dict[str, Any]) -> int:
             return e.code or 0
         print(e.code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:       # as Python does: the traceback, then die by SIGINT
-        traceback.print_exc()
+    except KeyboardInterrupt as e:  # as Python does: the traceback, then die by SIGINT
+        # A terminal's Ctrl-C reaches this process twice (from the terminal, and passed on
+        # by memfit run): the second one interrupted the printing of the first, and a
+        # stranger saw three chained tracebacks through this module.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _print_script_traceback(e)
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         return 128 + signal.SIGINT
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as e:
+        _print_script_traceback(e)
         return 1
     return 0
+
+
+def _print_script_traceback(e: BaseException) -> None:
+    """The traceback ``python script.py`` prints for ``e``: from the script's own frames,
+    without this module's, which a new interpreter does not have."""
+    import traceback
+
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
 
 
 def _run_main(script: str) -> None:
