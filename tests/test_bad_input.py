@@ -104,6 +104,10 @@ CASES = [
     # run / watch
     (["run", "--max-rss", "0", "--", "true"], 2, "Received: --max-rss 0"),
     (["run", "--max-rss", "lots", "--", "true"], 2, "lots"),
+    # a stranger's --max-rss 10 started the training and stopped it with exit 78
+    (["run", "--max-rss", "10", "--", "true"], 2,
+     "A memory size without a unit is a number of bytes: 10 is 10 B, too little for "
+     "anything to run in. Give a unit, such as 10GiB or 10MiB"),
     (["run", "--restart-every", "0", "--", "true"], 2, "Received: --restart-every 0"),
     (["run", "--", "no-such-program-here"], 127, "no-such-program-here"),
     (["watch", "--", "no-such-program-here"], 127, "no-such-program-here"),
@@ -122,6 +126,8 @@ CASES = [
     (["estimate", "keras.applications:MobileNetV2", "--budget", "lots"], 2, "lots"),
     (["find-batch-size", "mod:not_a_model", "--budget", "1GiB", "--start", "0"], 2, "start"),
     (["find-batch-size", "mod:not_a_model", "--budget", "huge"], 2, "huge"),
+    (["find-batch-size", "mod:not_a_model", "--budget", "10"], 2,   # was a child, then exit 1
+     "10 is 10 B, too little for anything to run in. Give a unit, such as 10GiB"),
     (["find-batch-size", "mod:not_a_model", "--budget", "0"], 2,
      "budget must be more than 0 bytes"),
     (["estimate", "keras.applications:MobileNetV2", "--budget", "0MiB"], 2,

@@ -43,3 +43,18 @@ def test_format_then_parse_round_trips():
 def test_format_count_says_one_thing_and_many_things(n, noun, many, text):
     assert format_count(n, noun, many) == text
     assert plural(n, noun, many) == text.split(" ", 1)[1]
+
+
+@pytest.mark.parametrize("text", ["10", " 512 ", "0.5", "1048575"])
+def test_a_memory_size_without_a_unit_below_a_mib_is_refused_as_a_unit_left_out(text):
+    """A stranger's `--budget 10` was 10 bytes: "nothing fits", after a child had run."""
+    with pytest.raises(ValueError, match=rf"without a unit is a number of bytes: "
+                                         rf"{text.strip()} is .*Received: budget='{text}'"):
+        parse_size(text, name="budget", memory=True)
+    assert parse_size(text, name="size") == int(float(text))     # other sizes: bytes
+
+
+def test_a_memory_size_with_a_unit_or_from_python_or_zero_is_taken_as_it_says():
+    assert parse_size("10B", memory=True) == 10 and parse_size(10, memory=True) == 10
+    assert parse_size("1048576", memory=True) == 2**20 and parse_size("0", memory=True) == 0
+    assert parse_size("10GiB", memory=True) == 10 * 2**30

@@ -133,7 +133,7 @@ def device_settings(memory_limit: str | int | None = None, growth: bool | None =
     limit = None
     if memory_limit is not None:
         try:
-            limit = parse_size(memory_limit, name=name_limit)
+            limit = parse_size(memory_limit, name=name_limit, memory=True)
         except ValueError as e:
             raise DeviceConfigError(str(e)) from None
         if limit < _MIB:

@@ -19,14 +19,21 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_size", "format_size", "format_count", "plural"]
+__all__ = ["parse_size", "format_size", "format_count", "plural", "parse_budget",
+           "BARE_MEMORY_FLOOR"]
 
 _IEC = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 _SI = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
 
 
-def parse_size(value: str | int | float, *, name: str = "size", positive: bool = False) -> int:
+#: A memory size written as a bare number (no unit) below this is refused as a missing
+#: unit: ``--budget 10`` was taken as 10 bytes and answered "nothing fits" (a stranger).
+BARE_MEMORY_FLOOR = 2**20
+
+
+def parse_size(value: str | int | float, *, name: str = "size", positive: bool = False,
+               memory: bool = False) -> int:
     """Parses a byte size into an integer number of bytes.
 
     ``KiB/MiB/GiB`` and the short forms ``K/M/G`` are powers of 1024; ``KB/MB/GB`` are
@@ -41,6 +48,10 @@ def parse_size(value: str | int | float, *, name: str = "size", positive: bool =
             non-negative number of bytes.
         name: what the size is for, used in the error message (e.g. ``"memory_budget"``).
         positive: refuse 0 bytes too (a budget: nothing fits in none).
+        memory: the size is memory for a process or a training to run in (a budget, an
+            RSS limit): a string without a unit below :data:`BARE_MEMORY_FLOOR` (1 MiB) is
+            refused as a unit left out (``"10"``, not ``"10GiB"``); a Python number is
+            taken as the bytes it says.
 
     Returns:
         The size in bytes (rounded down to a whole byte).
@@ -52,10 +63,30 @@ def parse_size(value: str | int | float, *, name: str = "size", positive: bool =
         raise ValueError(f"{name} must be a size such as '512MiB', '2GB' or a number of bytes. "
                          f"Received: {name}={value!r}")
     size = _parse(value, name)
+    if memory and isinstance(value, str) and re.fullmatch(r"\s*[\d.]+\s*", value) \
+            and 0 < float(value) < BARE_MEMORY_FLOOR:
+        shown = value.strip()
+        raise ValueError(f"A memory size without a unit is a number of bytes: {shown} is "
+                         f"{format_size(size)}, too little for anything to run in. Give a "
+                         f"unit, such as {shown}GiB or {shown}MiB (bare numbers are taken "
+                         f"from 1 MiB up). Received: {name}={value!r}")
     if positive and size <= 0:
         raise ValueError(f"{name} must be more than 0 bytes, such as '2GiB'. "
                          f"Received: {name}={value!r}")
     return size
+
+
+def parse_budget(value: str | int | float, name: str = "budget") -> int:
+    """A memory budget: :func:`parse_size` of memory (``memory=True``), more than 0 bytes.
+
+    Example:
+        >>> parse_budget("8GiB")
+        8589934592
+
+    Args:
+        value: the budget (``"8GiB"``, or bytes); name: what it is, for the message.
+    """
+    return parse_size(value, name=name, positive=True, memory=True)
 
 
 def _parse(value: str | int | float, name: str) -> int:

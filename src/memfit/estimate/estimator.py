@@ -74,7 +74,7 @@ from memfit.frameworks import TENSORFLOW_EXTRA, keras_backend, require
 from memfit.memory.allocator import FIXED_MMAP_THRESHOLD
 from memfit.memory.allocator import check_policy as check_allocator
 from memfit.quiet import filtered_stderr, quieted
-from memfit.sizes import parse_size
+from memfit.sizes import parse_budget, parse_size
 
 __all__ = ["Estimate", "Estimator", "estimate", "estimator_for"]
 
@@ -286,12 +286,12 @@ class Estimator:
         """The largest batch size whose high end (:meth:`high`) fits ``budget`` (0 when
         not even 1 does). The high end never falls as the batch grows, so every smaller
         batch fits too and the next one does not."""
-        return largest_batch(self.high, parse_size(budget, name="budget", positive=True))
+        return largest_batch(self.high, parse_budget(budget))
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
         check_batch_size(batch_size)
-        budget_bytes = None if budget is None else parse_size(budget, name="budget", positive=True)
+        budget_bytes = None if budget is None else parse_budget(budget)
         p = self._parts(batch_size)
         m = self.setup.model
         trainable = param_count(m.trainable_weights)
@@ -398,7 +398,7 @@ def estimate(model: Any, batch_size: int, *, optimizer: Any = None,
     """
     check_batch_size(batch_size)
     if budget is not None:              # bad input refused before the model is built
-        parse_size(budget, name="budget", positive=True)
+        parse_budget(budget)
     est = estimator_for(model, optimizer=optimizer, dtype_policy=dtype_policy,
                         input_shape=input_shape, dataset_budget=dataset_budget, device=device,
                         allocator=allocator, onednn=onednn)

@@ -50,7 +50,7 @@ from memfit.estimate.model import (
 from memfit.estimate.optimizers import check_optimizer
 from memfit.frameworks import require_for_training
 from memfit.memory.allocator import check_policy as check_allocator
-from memfit.sizes import format_count, format_size, parse_size
+from memfit.sizes import format_count, format_size, parse_budget
 
 __all__ = ["SearchResult", "Trial", "find_batch_size"]
 
@@ -247,7 +247,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
             bad arguments, each quoting the value.
     """
     backend = require_for_training("memfit find-batch-size")
-    budget_bytes = parse_size(budget, name="budget", positive=True)
+    budget_bytes = parse_budget(budget)
     check_policy(dtype_policy)
     if optimizer is not None:
         optimizer = check_optimizer(optimizer)

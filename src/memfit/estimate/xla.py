@@ -52,7 +52,7 @@ from memfit.estimate.training import Setup, batch_bytes, prepare
 from memfit.frameworks import KERAS_EXTRA, require
 from memfit.memory.probe import jax_device_memory
 from memfit.quiet import filtered_stderr, quieted
-from memfit.sizes import format_size, parse_size
+from memfit.sizes import format_size, parse_budget, parse_size
 
 __all__ = ["XlaStep", "XlaEstimator", "XLA_BANDS", "XLA_CPU_FIT", "compile_train_step",
            "compile_step", "training_state", "device_peak", "build_optimizer"]
@@ -337,13 +337,13 @@ class XlaEstimator:
         :attr:`interpolate`): one compile of the step per batch size tried, about 4 where
         the step grows along a line with the batch, where doubling and bisection took
         about twice log2 of the answer (48 compiles for a tiny model's 12 million)."""
-        return largest_batch(self.high, parse_size(budget, name="budget", positive=True),
+        return largest_batch(self.high, parse_budget(budget),
                              interpolate=self.interpolate)
 
     def at(self, batch_size: int, *, budget: int | str | None = None) -> Estimate:
         """The :class:`Estimate` at ``batch_size`` (and the largest batch for ``budget``)."""
         check_batch_size(batch_size)
-        budget_bytes = None if budget is None else parse_size(budget, name="budget", positive=True)
+        budget_bytes = None if budget is None else parse_budget(budget)
         s = self.step(batch_size)
         m = self.setup.model
         input_batch = self.per_sample_input * batch_size

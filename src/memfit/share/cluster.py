@@ -302,7 +302,7 @@ def run_on_ray(jobs: str | os.PathLike | Sequence[Mapping[str, Any]] | JobsSpec 
         check_reachable(address)
     p, file_budget = _plan(jobs, device, overhead, workdir, restart)
     memory = budget if budget is not None else file_budget
-    memory = None if memory is None else parse_size(memory, name="budget")
+    memory = None if memory is None else parse_size(memory, name="budget", memory=True)
     wd = Workdir(p.workdir).create()
     ray_dir = wd.path / RAY_DIR
     ray_dir.mkdir(exist_ok=True)

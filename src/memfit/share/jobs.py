@@ -145,7 +145,7 @@ def _suggest(key: str, known: Sequence[str]) -> str:
 
 def _size(value: Any, name: str, where: str, problems: list[str]) -> int | None:
     try:
-        return parse_size(value, name=name)
+        return parse_size(value, name=name, memory=name != "overhead")
     except ValueError as e:
         problems.append(f"{where}: {e}")
         return None

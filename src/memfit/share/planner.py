@@ -183,7 +183,7 @@ def _default_device() -> str:
 
 def _budget(value: Any, device: str) -> tuple[int, str]:
     if value is not None:
-        budget = parse_size(value, name="budget")
+        budget = parse_size(value, name="budget", memory=True)
         if budget <= 0:
             raise JobsFileError(f"budget must be more than 0 bytes. Received: budget={value!r}")
         return budget, "given"

@@ -115,7 +115,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.workdir = Workdir(default_workdir() if workdir is None else workdir).create()
         self.every_n_batches = every_n_batches
         self.warmup_epochs = warmup_epochs
-        self.budget = parse_size(budget, name="budget") if budget is not None else None
+        self.budget = parse_size(budget, name="budget", memory=True) if budget is not None else None
         self.trim = trim
         self.on_leak = on_leak
         self.python_heap = python_heap

@@ -165,8 +165,8 @@ class _Limits:
             raise ValueError(f"start must be one of {', '.join(_STARTS)} (warm: fork each "
                              f"process from a parent that imported the frameworks). "
                              f"Received: start={start!r}")
-        max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss")
-        hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss")
+        max_rss = None if max_rss is None else parse_size(max_rss, name="max_rss", memory=True)
+        hard_rss = None if hard_rss is None else parse_size(hard_rss, name="hard_rss", memory=True)
         limits = cls(
             restart_every=checks.count("restart_every", restart_every, optional=True,
                                        example=1, hint="It counts epochs."),

@@ -407,7 +407,7 @@ def open_arrays(source: Any, batch_size: int, *, split: str | None = None,
     default_seed = src.manifest.seed if src.manifest is not None else 0
     seed = check_seed(default_seed if seed is None else seed)
     shard = check_shard(shard, input_context)
-    budget = parse_size(memory_budget, name="memory_budget")
+    budget = parse_size(memory_budget, name="memory_budget", memory=True)
 
     columns = open_columns(src, names)
     n = len(next(iter(columns.values())))

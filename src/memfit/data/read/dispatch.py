@@ -218,7 +218,7 @@ def _read(path: Any, batch_size: int, *, split: str | None, features: Any,
     shard = check_shard(shard, input_context)
     shards = _present(manifest, _shards_of(sp, shard), on_corrupt)
     samples = sum(s.samples for s in shards)
-    budget = parse_size(memory_budget, name="memory_budget")
+    budget = parse_size(memory_budget, name="memory_budget", memory=True)
     names = tuple(features) if features is not None else tuple(manifest.features)
     plan = _choose(manifest, sp.name, shards, names, reader, where=path,
                    batch_size=batch_size, budget=budget, shuffle=shuffle, samples=samples,

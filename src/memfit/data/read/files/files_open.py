@@ -115,7 +115,7 @@ def open_in_place(path: Any, batch_size: int, *, features: Sequence[str] | None 
     samples = sum(files.records)
     gather = RecordGather(files, picked, on_corrupt) if files.plain else None
     plan = plan_files(files.describe(), samples, files.records, batch_size=batch_size,
-                      budget=parse_size(memory_budget, name="memory_budget"),
+                      budget=parse_size(memory_budget, name="memory_budget", memory=True),
                       record_bytes=files.record_bytes, sample_bytes=max(1, sample_bytes),
                       shuffle=shuffle, drop_remainder=drop_remainder, seed=seed,
                       epoch=epoch, epochs=epochs,
