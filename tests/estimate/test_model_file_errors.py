@@ -41,3 +41,20 @@ def test_a_python_file_that_is_not_there_says_where_it_was_looked_for(tmp_path,
     assert message.startswith("No Python file 'missing.py' for model='missing.py:build'")
     assert repr(str(tmp_path)) in message                  # where it was looked for
     assert "path/to/file.py:function" in message           # and what to give instead
+
+
+def test_a_python_file_without_a_function_and_a_file_that_fails_to_import_say_what_to_do(
+        tmp_path, monkeypatch):
+    """A stranger: `memfit estimate mymodels.py` answered with Keras's words about
+    TFSMLayer, and a file failing at import said why but not what to do."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mm.py").write_text("def mlp():\n    pass\ndef _private():\n    pass\n")
+    (tmp_path / "boom.py").write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(EstimateError) as e:
+        check_source("mm.py")
+    assert str(e.value) == ("'mm.py' is a Python file: give the function in it that builds "
+                            "the model, as mm.py:FUNCTION (it defines mlp). Received: "
+                            "model='mm.py'")
+    with pytest.raises(EstimateError, match=r"RuntimeError: boom at import\. Importing it "
+                                            r"failed: fix the error in 'boom.py', then run"):
+        load("boom.py:f")

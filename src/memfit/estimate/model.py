@@ -183,6 +183,13 @@ def check_source(source: str | os.PathLike) -> None:
         EstimateError: naming the source and what is missing.
     """
     text = os.fspath(source)
+    if text.endswith(".py") and ":" not in text:
+        # Keras's own answer, of a file it cannot load, was about TFSMLayer (a stranger)
+        functions = _model_functions(text)
+        raise EstimateError(f"{text!r} is a Python file: give the function in it that builds "
+                            f"the model, as {text}:FUNCTION"
+                            + (f" (it defines {', '.join(functions)})" if functions else "")
+                            + f". Received: model={text!r}")
     if text.endswith(KERAS_SUFFIXES) or (Path(text).is_file() and ":" not in text):
         if not Path(text).exists():
             raise EstimateError(f"No model file at {text!r}: give a .keras file or "
@@ -213,6 +220,19 @@ def check_source(source: str | os.PathLike) -> None:
     if not found:
         raise EstimateError(f"Cannot import {module_name!r} for model={text!r}: "
                             f"ModuleNotFoundError: {why}")
+
+
+def _model_functions(path: str) -> list[str]:
+    """The top-level functions a Python file defines (read, not run), at most five."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+             and not n.name.startswith("_")]
+    return names[:5] + (["..."] if len(names) > 5 else [])
 
 
 def _load_file(path: Path) -> Any:
@@ -254,8 +274,11 @@ def _import_function(source: str) -> Any:
         else:
             module = importlib.import_module(module_name)
     except Exception as e:          # noqa: BLE001
+        where = f"fix the error in {module_name!r}" if module_name.endswith(".py") \
+            else f"fix the error in the module {module_name!r} (or what it imports)"
         raise EstimateError(f"Cannot import {module_name!r} for model={source!r}: "
-                            f"{cause(e)}") from None
+                            f"{cause(e)}. Importing it failed: {where}, then run the "
+                            f"command again.") from None
     try:
         return getattr(module, attr)
     except AttributeError:
