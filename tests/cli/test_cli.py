@@ -72,7 +72,7 @@ def test_pack_inspect_verify_round_trip(tmp_path, capsys):
     # an option named as the user typed it, not as Python spells it
     (["run", "--workdir", "X", "--max-rss", "lots", "--", "true"], "Received: --max-rss lots"),
     (["run", "--workdir", "X", "--restart-every", "0", "--", "true"],
-     "--restart-every must be an integer >= 1 (or None), such as 1. It counts epochs. "
+     "--restart-every must be an integer >= 1, such as 1. It counts epochs. "
      "Received: --restart-every 0"),
     (["run", "--max-rss", "2GiB", "--hard-rss", "1GiB", "--", "true"],
      "--hard-rss must be above --max-rss: the graceful restart at --max-rss comes first"),

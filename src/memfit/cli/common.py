@@ -188,6 +188,9 @@ def cli_spelling(text: str, options: dict[str, str] | None = None,
         'Features differ in length: x=10, seed=7'
         >>> cli_spelling("It takes format='tfrecord'", {"format": "--format"})
         'It takes --format tfrecord'
+        >>> cli_spelling("start must be an integer >= 1 (or None), such as 3. Received: "
+        ...              "start=0", {"start": "--start"})
+        '--start must be an integer >= 1, such as 3. Received: --start 0'
     """
     def one(m: re.Match) -> str:
         py = m["py"]
@@ -203,8 +206,11 @@ def cli_spelling(text: str, options: dict[str, str] | None = None,
     names = [n for n in options if given is None or n in given or n in none]
     if not names:
         return text
-    return "".join(part if i % 2 else _spell_options(part, options, names)
-                   for i, part in enumerate(parts))
+    out = "".join(part if i % 2 else _spell_options(part, options, names)
+                  for i, part in enumerate(parts))
+    # "(or None)" is Python's way to leave a value out; on the command line the option is
+    # left out (a stranger read "--start must be an integer >= 1 (or None)")
+    return out.replace(" (or None)", "") if out != text else out
 
 
 class CliSpelling(logging.Formatter):

@@ -259,7 +259,7 @@ def find_batch_size(model: str | ModelSpec, budget: int | str, *,
                                   hint="The fraction of the answer to find it within (0: "
                                        "to one sample).")
         start = checks.count("start", start, optional=True, example=32,
-                             hint="The first batch size to try (None: the estimate's).")
+                             hint="The first batch size to try (by default, the estimate's).")
         prove = checks.flag("prove", prove)
         warm = checks.flag("warm", warm)
     if not step_factor > 1:
