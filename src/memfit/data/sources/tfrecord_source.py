@@ -98,7 +98,8 @@ class RecordFeature:
     def __str__(self) -> str:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in self.shape) + \
             ("," if len(self.shape) == 1 else "") + ")"
-        what = {"tensor": "serialized tensor", "image": f"encoded {self.detail} image (bytes)",
+        image = f"encoded image (bytes; {self.detail} in the first record)"
+        what = {"tensor": "serialized tensor", "image": image,
                 "bytes": "bytes"}.get(self.kind, f"{self.kind} of {self.detail}")
         return f"{what} → {self.dtype} {shape}"
 
