@@ -247,3 +247,14 @@ def test_a_saved_keras_file_loads_and_matches(tmp_path):
     [said] = e.assumptions
     assert "a .keras file is loaded without its compile settings" in said
     keras.backend.clear_session()
+
+
+def test_an_estimate_for_a_gpu_does_not_describe_this_cpus_kernels_and_allocator():
+    """A stranger's `--device gpu:0` (no GPU here) read "kernels: oneDNN's (TensorFlow's
+    default on this CPU ...)" and glibc's allocator policy: lines about host memory."""
+    text = str(Estimator(TINY, device="gpu:0").at(8))
+    assert "kernels: oneDNN's" not in text and "glibc's dynamic mmap threshold" not in text
+    assert "allocator: TensorFlow's on gpu:0 (glibc's policies are the host memory's)" in text
+    assert "TensorFlow's GPU estimate has never been measured on a GPU" in text
+    cpu = str(Estimator(TINY).at(8))
+    assert "allocator policy: default" in cpu and "kernels: the GPU's" not in cpu

@@ -183,11 +183,18 @@ class Estimate:
                          f"{r.params_non_trainable:,}", format_size(r.output_bytes),
                          format_size(r.kept_bytes)))
         widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        on_gpu = self.device.startswith("gpu") and not self.kernels.startswith("xla")
         lines = [f"memfit estimate: {self.model_name}, batch {self.batch_size}, "
                  f"{self.dtype_policy}, {self.optimizer}, {self.device}",
                  *([] if self.kernels.startswith("xla") else
-                   [f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}"]),
-                 f"kernels: {_KERNELS_TEXT[self.kernels]}",
+                   [f"allocator policy: {_POLICY_TEXT[self.allocator_policy]}"]
+                   if not on_gpu else [f"allocator: TensorFlow's on {self.device} (glibc's "
+                                       f"policies are the host memory's)"]),
+                 # a GPU estimate described the CPU's kernels (a stranger's --device gpu:0)
+                 f"kernels: {_KERNELS_TEXT[self.kernels]}" if not on_gpu else
+                 "kernels: the GPU's, played with the constants fitted on this CPU: "
+                 "TensorFlow's GPU estimate has never been measured on a GPU "
+                 "(docs/estimate.md, On a GPU)",
                  *[f"assumed: {a}" for a in self.assumptions], ""]
         for i, row in enumerate(rows if self.layers else []):   # XLA's has no layer table
             cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
