@@ -4,7 +4,7 @@ import tensorflow as tf
 
 import memfit
 from memfit.data.format.manifest import Manifest
-from memfit.errors import CorruptShardError
+from memfit.errors import CorruptShardError, DatasetError
 from tests.data.helpers import small_arrays
 
 READERS = ["blocks", "tf"]
@@ -143,6 +143,22 @@ def test_missing_shard_is_reported(packed):
     # a stranger read "verified 3 shards ... 1 problem(s)" where a shard was missing
     assert str(report).startswith(f"checked {report.shards} shards, ")
     assert ": 1 problem\n" in str(report) and "verified" not in str(report)
+    # and what to do next (a stranger found none)
+    assert str(report).endswith("\nRestore the damaged files from a copy, or pack the "
+                                "dataset again (memfit pack); to train on what is intact, "
+                                "read it with on_corrupt='skip'.")
+
+
+def test_a_manifest_that_is_not_json_is_said_in_words_with_what_to_do(packed):
+    text = (packed / "manifest.json").read_text()
+    (packed / "manifest.json").write_text(text[:-40])
+    with pytest.raises(DatasetError) as e:
+        memfit.dataset(packed, 8)
+    assert "JSONDecodeError(" not in str(e.value), e.value   # a Python repr, before
+    assert "is damaged or not a memfit manifest (Unterminated string" in str(e.value) \
+        or "is damaged or not a memfit manifest (Expecting" in str(e.value), e.value
+    assert str(e.value).endswith("Pack the dataset again (memfit pack) or restore "
+                                 "manifest.json from a copy.")
 
 
 def test_clean_dataset_verifies(packed):

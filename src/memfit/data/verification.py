@@ -203,8 +203,11 @@ class VerifyReport:
                        else "headers, sizes and lengths; no manifest, so no checksums")
         if self.ok:
             return head + f"OK ({checked})"
+        # what to do, as the reader's error says it (a stranger found no next step here)
+        todo = ("Restore the damaged files from a copy, or pack the dataset again (memfit "
+                "pack); to train on what is intact, read it with on_corrupt='skip'.")
         return head + f"{format_count(len(self.problems), 'problem')}\n" + "\n".join(
-            f"  {p}" for p in self.problems)
+            f"  {p}" for p in self.problems) + f"\n{todo}"
 
 
 class _HashingReader(io.RawIOBase):

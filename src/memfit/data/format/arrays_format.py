@@ -148,7 +148,11 @@ def manifest_format(path: str | os.PathLike) -> str | None:
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise DatasetError(f"{file} is damaged or not a memfit manifest: {e!r}") from e
+        # a stranger read "JSONDecodeError('Unterminated string ...')": the words, and a fix
+        why = f"{e.msg} at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise DatasetError(f"{file} is damaged or not a memfit manifest ({why}). Pack the "
+                           f"dataset again (memfit pack) or restore manifest.json from a "
+                           f"copy.") from None
     return doc.get("format") if isinstance(doc, dict) else None
 
 
