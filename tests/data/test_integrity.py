@@ -164,3 +164,27 @@ def test_a_manifest_that_is_not_json_is_said_in_words_with_what_to_do(packed):
 def test_clean_dataset_verifies(packed):
     report = memfit.verify(packed)
     assert report.ok and report.records == 40 and "OK" in str(report)
+
+
+def test_verify_counts_the_samples_a_shard_holds_against_the_manifest(tmp_path):
+    """A stranger edited a shard's sample count in manifest.json: verify said OK, and the
+    reader then stopped on TensorFlow's "Input dataset was expected to contain 10
+    elements". Verify reads each record's samples too (fixed and variable features)."""
+    import json
+
+    for name, arrays, kw in (
+            ("fixed", small_arrays(400), dict(shards=4, samples_per_record=20)),
+            ("ragged", {"t": [np.arange(i % 7 + 1) for i in range(90)]},
+             dict(shards=3, samples_per_record=8, variable=["t"]))):
+        out = tmp_path / name
+        memfit.pack(arrays, out, progress=False, **kw)
+        assert memfit.verify(out).ok
+        doc = json.loads((out / "manifest.json").read_text())
+        shard = doc["splits"]["train"]["shards"][1]
+        real = shard["samples"]
+        shard["samples"] -= 10                       # the records stay the same in number
+        doc["splits"]["train"]["samples"] -= 10
+        (out / "manifest.json").write_text(json.dumps(doc))
+        report = memfit.verify(out)
+        assert [p.message for p in report.problems] == [
+            f"holds {real} samples; the manifest says {real - 10}"], name

@@ -34,7 +34,7 @@ from memfit.data.format.arrays_format import (
     open_npy,
 )
 from memfit.data.format.manifest import Manifest, Shard
-from memfit.data.format.records import RecordError, iter_records
+from memfit.data.format.records import LENGTHS_SUFFIX, RecordError, iter_records
 from memfit.sizes import format_count, format_size, plural
 
 __all__ = ["inspect", "verify", "VerifyReport", "Problem", "total_bytes"]
@@ -244,7 +244,33 @@ class _ZlibReader(io.RawIOBase):
         return n
 
 
-def _check_shard(path: Path, shard: Shard, compression: str | None) -> tuple[int, list[Problem]]:
+def _sample_counter(m: Manifest) -> Callable[[bytes], int] | None:
+    """How many samples a record holds, read from it: the length list of a variable
+    feature, or a fixed feature's bytes ÷ one sample's (``None``: no feature tells)."""
+    from memfit.data.sources.example_proto import ProtoError, parse_example
+
+    for f in m.features.values():
+        key = f.name + LENGTHS_SUFFIX if f.variable else f.name
+        size = 1 if f.variable else f.sample_bytes or 0
+        if size <= 0:
+            continue
+
+        def count(payload: bytes, key: str = key, size: int = size,
+                  lengths: bool = f.variable) -> int:
+            try:
+                value = parse_example(payload).get(key)
+            except ProtoError:
+                return -1
+            if value is None or not value.spans:
+                return -1
+            return value.count(payload) if lengths else len(value.value(payload)) // size
+        return count
+    return None
+
+
+def _check_shard(path: Path, shard: Shard, compression: str | None,
+                 samples_in: Callable[[bytes], int] | None = None
+                 ) -> tuple[int, list[Problem]]:
     problems = []
     if not path.exists():
         return 0, [Problem(shard.file, None, "file is missing")]
@@ -253,7 +279,7 @@ def _check_shard(path: Path, shard: Shard, compression: str | None) -> tuple[int
         problems.append(Problem(shard.file, None, f"size is {size} bytes; the manifest says "
                                                   f"{shard.bytes} (truncated or overwritten)"))
     sha = hashlib.sha256()
-    count = 0
+    count = samples = 0
     with open(path, "rb", buffering=0) as raw:
         hashing = io.BufferedReader(_HashingReader(raw, sha), buffer_size=1 << 20)
         if compression == "GZIP":
@@ -263,8 +289,10 @@ def _check_shard(path: Path, shard: Shard, compression: str | None) -> tuple[int
         else:
             stream = hashing
         try:
-            for _ in iter_records(stream):
+            for _, payload in iter_records(stream):
                 count += 1
+                if samples_in is not None:
+                    samples += samples_in(payload)
         except RecordError as e:
             problems.append(Problem(shard.file, e.index, str(e)))
         except (OSError, EOFError, zlib.error) as e:
@@ -276,6 +304,11 @@ def _check_shard(path: Path, shard: Shard, compression: str | None) -> tuple[int
     if count != shard.records and not any(p.record is not None for p in problems):
         problems.append(Problem(shard.file, None, f"holds {count} records; the manifest says "
                                                   f"{shard.records}"))
+    elif samples_in is not None and samples != shard.samples and not problems:
+        # a manifest edited to fewer samples verified OK, then the reader stopped on
+        # TensorFlow's "expected to contain 10 elements" (a stranger)
+        problems.append(Problem(shard.file, None, f"holds {samples} samples; the manifest "
+                                                  f"says {shard.samples}"))
     return count, problems
 
 
@@ -306,9 +339,11 @@ def verify(path: str | os.PathLike,
         return _verify_npy(path, progress)
     m = Manifest.load(path)
     report = VerifyReport(path=m.path)
+    samples_in = _sample_counter(m)
     for split in m.splits.values():
         for shard in split.shards:
-            count, problems = _check_shard(m.path / shard.file, shard, m.compression)
+            count, problems = _check_shard(m.path / shard.file, shard, m.compression,
+                                           samples_in)
             report.shards += 1
             report.records += count
             report.bytes += shard.bytes
