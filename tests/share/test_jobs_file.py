@@ -170,3 +170,21 @@ def test_help_has_an_example(capsys):
     out = capsys.readouterr().out
     assert "[[job]]" in out and "memfit share examples/jobs.toml" in out
     assert "--budget" in out and "--restart" in out
+
+
+def test_a_bad_option_is_named_as_the_option_and_a_bad_file_value_as_the_files(
+        tmp_path, capsys):
+    """A stranger's `memfit share jobs.toml --budget lots` said "jobs.toml: budget is not a
+    size": his file had no budget. The file's own values still say the file."""
+    (tmp_path / "jobs.toml").write_text('[[job]]\nname = "a"\ncommand = "python -c pass"\n'
+                                        'need = "10MiB"\n')
+    for option, value in (("--budget", "lots"), ("--device", "foo"), ("--overhead", "x")):
+        assert main(["share", str(tmp_path / "jobs.toml"), "--dry-run", option, value,
+                     "--workdir", str(tmp_path / "w")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"memfit share: error: {option} ") and "jobs.toml" not in err
+        assert err.rstrip().endswith(f"Received: {option} {value}"), err
+    (tmp_path / "bad.toml").write_text('budget = "lots"\n' +
+                                       (tmp_path / "jobs.toml").read_text())
+    with pytest.raises(JobsFileError, match=r"bad.toml: top of the file: budget is not a size"):
+        plan(tmp_path / "bad.toml", workdir=tmp_path / "w")

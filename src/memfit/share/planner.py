@@ -333,15 +333,21 @@ def _target(spec: JobsSpec, budget: Any, device: Any, overhead: Any, workdir: Pa
             restart: bool) -> _Target:
     """The device, budget and overhead (the arguments win over the file's), checked, and
     the workdir, checked."""
-    try:
-        device = check_device(device if device is not None else spec.device
-                              if spec.device is not None else _default_device())
-        budget_bytes, budget_source = _budget(budget if budget is not None else spec.budget,
-                                              device)
-        overhead_bytes, overhead_source = _overhead(
-            overhead if overhead is not None else spec.overhead, device)
-    except (ValueError, MemfitError) as e:
-        raise JobsFileError(f"{spec.source}: {e}") from None
+    def checked(given: Any, in_file: Any, check: Any) -> Any:
+        # A value the file gave is the file's problem; one the caller gave (--budget lots)
+        # is the caller's: a stranger read "jobs.toml: budget is not a size" for his option.
+        try:
+            return check(given if given is not None else in_file)
+        except (ValueError, MemfitError) as e:
+            if given is None and in_file is not None:
+                raise JobsFileError(f"{spec.source}: {e}") from None
+            raise
+
+    device = checked(device, spec.device,
+                     lambda d: check_device(d if d is not None else _default_device()))
+    budget_bytes, budget_source = checked(budget, spec.budget, lambda b: _budget(b, device))
+    overhead_bytes, overhead_source = checked(overhead, spec.overhead,
+                                              lambda o: _overhead(o, device))
     if budget is None and spec.budget is not None:
         budget_source = f"from {spec.source}"
     _check_workdir(workdir)
