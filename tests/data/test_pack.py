@@ -322,3 +322,12 @@ def test_a_shard_size_below_the_default_record_gets_smaller_records_not_one_big_
     np.testing.assert_array_equal(
         np.sort(np.concatenate([b[1].numpy() for b in memfit.dataset(
             tmp_path / "d", 50, features=("x", "y"), shuffle=False)])), np.arange(200))
+
+
+def test_a_bad_split_is_shown_as_it_was_written(tmp_path):
+    """A stranger's `--split train=0.9,val=0.2` came back as `{'train': 0.9, 'val': 0.2}`."""
+    with pytest.raises(DatasetError, match=r"sum to 1\.1\)\. Received: "
+                                           r"split='train=0\.9,val=0\.2'$"):
+        memfit.pack(small_arrays(20), tmp_path / "d", split="train=0.9,val=0.2",
+                    progress=False)
+    assert not (tmp_path / "d").exists()

@@ -55,7 +55,7 @@ BAD = [
     (GOOD.replace('"100MiB"', '"auto"'), ["need = 'auto' estimates the need of a Keras model",
                                           "Received: model=None",
                                           "Received: batch_size=None"]),
-    (GOOD + "batch_size = 8\n", ["batch_size only serve need = 'auto'"]),
+    (GOOD + "batch_size = 8\n", ["batch_size serves only need = 'auto'"]),
     (GOOD.replace('name = "a"', 'name = "a/b"'), ["name must be", "Received: name='a/b'"]),
     (GOOD + "restart = 'yes'\n", ["restart must be true or false", "Received: restart='yes'"]),
     (GOOD + "env = { X = true }\n", ["env must be a table", "Received: env={'X': True}"]),

@@ -208,7 +208,9 @@ def _need(entry: Mapping[str, Any], where: str,
         except ValueError as e:
             problems.append(f"{where}: need = 'auto' needs a batch_size: {e}")
     elif auto:
-        problems.append(f"{where}: {', '.join(auto)} only serve need = 'auto'; this job's "
+        problems.append(f"{where}: {', '.join(auto)} "
+                        f"{'serves' if len(auto) == 1 else 'serve'} only need = 'auto'; "
+                        f"this job's "
                         f"need is {need_value!r}. Set need = 'auto' or remove them.")
     return need, source, auto
 

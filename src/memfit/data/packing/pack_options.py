@@ -165,6 +165,8 @@ def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | N
     """
     if split is None:
         return None
+    # as the user wrote it ("--split train=0.9,val=0.2", not a Python dict: a stranger)
+    shown = repr(split) if isinstance(split, str) else str(dict(split))
     if isinstance(split, str):
         parts = {}
         for item in split.split(","):
@@ -185,16 +187,16 @@ def parse_split(split: str | Mapping[str, float] | None) -> dict[str, float] | N
     names = [n for n in split if not n or "/" in n or "-" in n]
     if names:
         raise DatasetError(f"split needs names without '-' or '/' (they name files). "
-                           f"Received: split={split}")
+                           f"Received: split={shown}")
     outside = [f"{n}={v:g}" for n, v in split.items() if not 0 < v <= 1]
     if outside:
         raise DatasetError(f"split needs each fraction in (0, 1]: {', '.join(outside)} is "
                            f"not (leave out a split that gets nothing). "
-                           f"Received: split={split}")
+                           f"Received: split={shown}")
     total = sum(split.values())
     if not split or abs(total - 1) > 1e-6:
         raise DatasetError(f"split needs fractions that sum to 1 (they sum to {total:g}). "
-                           f"Received: split={split}")
+                           f"Received: split={shown}")
     return split
 
 
