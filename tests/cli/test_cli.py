@@ -337,3 +337,16 @@ def test_only_the_memfit_console_script_holds_ctrl_c(tmp_path):
     mine.write_text("import memfit\n")
     assert not hold_interrupts(argv0=str(mine))
     assert not hold_interrupts(argv0=sys.executable)
+
+
+@pytest.mark.parametrize("argv", [["share", "jobs.toml", "--nosuch"],
+                                  ["pack", "x=a.npy", "-o", "out", "--nosuch"],
+                                  ["run", "--nosuch", "--", "python", "-c", "1"]])
+def test_a_stray_option_is_shown_with_its_commands_usage_not_memfits(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: memfit {argv[0]} " in err
+    assert f"memfit {argv[0]}: error: unrecognized arguments: --nosuch" in err
+    assert "COMMAND ..." not in err

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         if module in QUIET_COMMANDS:
             p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
         p.set_defaults(run=module.run, hide_tensorflow_startup=module in QUIET_COMMANDS,
-                       cli_options=p.option_names())
+                       cli_options=p.option_names(), command_parser=p)
     return parser
 
 
@@ -66,7 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memfit`` console script."""
     release_interrupts()          # from here on a Ctrl-C is handled below
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # a subcommand's stray option is shown with that subcommand's usage, not memfit's
+        owner = getattr(args, "command_parser", None) or parser
+        owner.error(f"unrecognized arguments: {' '.join(extras)}")
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
