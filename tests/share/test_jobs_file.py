@@ -62,6 +62,10 @@ BAD = [
     ('device = "tpu"\n' + GOOD, ["device must be 'cpu' or 'gpu:N'", "Received: device='tpu'"]),
     (GOOD.replace("nede", "x").replace("need =", "nede =") + GOOD.replace('"a"', '"b"')
      .replace('"100MiB"', '"x"'), ["2 problems", "unknown key 'nede'", "Received: need='x'"]),
+    # a bad device is listed with the file's other problems, not after they are fixed
+    ('device = "foo"\nbudget = "lots"\n' + GOOD.replace('"100MiB"', '"x"'),
+     ["3 problems", "top of the file: device must be 'cpu' or 'gpu:N'",
+      "Received: device='foo'", "Received: budget='lots'", "Received: need='x'"]),
 ]
 
 
@@ -161,7 +165,26 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, capsys):
                  "16MiB", "--device", "cpu", "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert "starting together: b, a (432.0 MiB of 1.0 GiB)\n" in out, out
+    assert "note:" not in out
     assert not workdir.exists()
+
+
+def test_dry_run_refuses_what_the_run_refuses_and_says_what_it_would(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A stranger's dry run accepted --interval -1 and a GPU this machine does not have,
+    which the real run refuses."""
+    import memfit.share.planner as planner
+
+    path = write(tmp_path, GOOD)
+    with pytest.raises(SystemExit) as e:
+        main(["share", str(path), "--dry-run", "--interval", "-1"])
+    assert e.value.code == 2
+    assert "argument --interval: must be a positive number of seconds" in capsys.readouterr().err
+    monkeypatch.setattr(planner, "gpu_memory", lambda index: None)     # no GPU visible
+    assert main(["share", str(path), "--dry-run", "--budget", "1GiB", "--overhead", "16MiB",
+                 "--device", "gpu:7", "--workdir", str(tmp_path / "wd")]) == 0
+    assert ("note: no GPU 7 is visible here (NVML finds no such card): memfit share would "
+            "refuse to run these jobs on this machine") in capsys.readouterr().out
 
 
 def test_help_has_an_example(capsys):

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import argparse
 
-from memfit.cli.common import add_report_argument, write_report_if_asked
+from memfit.cli.common import add_report_argument, seconds, write_report_if_asked
 
 NAME = "share"
 HELP = "run several trainings on one device within a memory budget"
@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overhead", metavar="SIZE",
                    help="per-process overhead charged to every job (default: the calibrated "
                         "framework baseline; e.g. 16MiB for jobs that are not TensorFlow)")
-    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+    p.add_argument("--interval", type=seconds, default=0.5, metavar="SECONDS",
                    help="seconds between samples of every job (default: 0.5)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                    help="run the jobs on a Ray cluster, each placed by its charge and held to "

@@ -57,6 +57,7 @@ from typing import Any
 
 from memfit import checks
 from memfit.errors import MemfitError
+from memfit.estimate.baseline import check_device
 from memfit.sizes import parse_size
 
 __all__ = ["Job", "JobsSpec", "JobsFileError", "load_jobs", "parse_jobs", "JOB_KEYS",
@@ -294,10 +295,10 @@ def parse_jobs(data: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
         if "overhead" in data:
             overhead = _size(data["overhead"], "overhead", "top of the file", problems)
         if "device" in data:
-            device = data["device"]
-            if not isinstance(device, str):
-                problems.append(f"device must be 'cpu' or 'gpu:N'. Received: device={device!r}")
-                device = None
+            try:        # listed with the file's other problems, not after they are fixed
+                device = check_device(data["device"])
+            except MemfitError as e:
+                problems.append(f"top of the file: {e}")
         entries = data.get("job", [])
         if not isinstance(entries, list):
             problems.append(f"'job' must be an array of tables: write [[job]] (two "

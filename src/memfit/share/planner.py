@@ -295,7 +295,7 @@ def plan(jobs: str | os.PathLike | JobsSpec | Sequence[Mapping[str, Any]], *,
         load_jobs(jobs) if isinstance(jobs, str | os.PathLike) else parse_jobs(jobs))
     target = _target(spec, budget, device, overhead, Path(workdir), restart)
     problems: list[str] = []
-    warnings = _overhead_warnings(target)
+    warnings = _target_warnings(target)
     from memfit.estimate.measure import warm_children
 
     # Two jobs or more whose need is estimated: their estimating children are forked from
@@ -356,8 +356,13 @@ def _target(spec: JobsSpec, budget: Any, device: Any, overhead: Any, workdir: Pa
                    workdir=workdir, restart=restart)
 
 
-def _overhead_warnings(target: _Target) -> list[str]:
+def _target_warnings(target: _Target) -> list[str]:
     memory = gpu_memory(int(target.device.split(":")[1])) if target.on_gpu else None
+    if target.on_gpu and memory is None:
+        # a plan for another machine may be read here; running it here is refused (runner)
+        return [f"no GPU {target.device.split(':')[1]} is visible here (NVML finds no such "
+                f"card): memfit share would refuse to run these jobs on this machine; run "
+                f"them where the card is, or give --device cpu"]
     if memory is None or target.overhead < memory[0] // 2:
         return []
     return [f"the per-process overhead {format_size(target.overhead)} "
