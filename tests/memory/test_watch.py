@@ -187,6 +187,11 @@ def test_a_steady_leak_is_a_leak_and_a_flat_run_is_not(tmp_path):
     assert verdict_event["verdict"] == "leak"
     assert verdict_event["pid"] == samples[-1]["pid"]          # about the command, not us
     assert "No malloc_trim(0) probe ran" in verdict_event["explanation"]
+    # judged on time slices, explained in time: not "epoch after epoch" with 0 epochs
+    for r in (leak, flat):
+        explained = events(r.log_path)[-1]["explanation"]
+        assert "steady time" in explained and "epoch after epoch" not in explained
+        assert "end of each epoch" not in explained
 
 
 EPOCHS = """

@@ -38,7 +38,7 @@ from memfit.sizes import format_size
 
 __all__ = ["Verdict", "classify", "classify_release", "theil_sen", "too_short",
            "EXPLANATIONS", "KINDS", "TOO_SHORT", "MIN_VALUES", "MIN_GROWTH", "KEPT_MIN",
-           "KEPT_SHARE", "RETENTION_FIX"]
+           "KEPT_SHARE", "RETENTION_FIX", "LEAK_CAUSES"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 TOO_SHORT = "too-short"         # the verdict on a run too short to judge
@@ -59,6 +59,13 @@ RETENTION_FIX = (
     "after gc.collect(); (3) last resort: `memfit run --restart-every 1 -- python "
     "train.py` (one process per epoch, resumed exactly).")
 
+#: What usually holds the references when memory keeps growing (every view says the same).
+LEAK_CAUSES = (
+    "Usual causes: model.predict/fit called in a loop, models built in a loop without "
+    "keras.backend.clear_session(), a tf.function called with new Python scalars (it "
+    "retraces every time; pass tensors), a tf.data.Dataset rebuilt every epoch, or a global "
+    "list that keeps batches.")
+
 EXPLANATIONS = {
     "stable": (
         "Memory at the end of each epoch stays level: nothing accumulates from epoch to "
@@ -72,11 +79,7 @@ EXPLANATIONS = {
         "more than you expect, `memfit doctor -- python train.py` measures what holds it "
         "(data in RAM, buffers, memory the allocator keeps)."),
     "leak": (
-        "Memory keeps growing epoch after epoch: something holds references. Usual "
-        "causes: model.predict/fit called in a loop, models built in a loop without "
-        "keras.backend.clear_session(), a tf.function "
-        "called with new Python scalars (it retraces every time; pass tensors), a "
-        "tf.data.Dataset rebuilt every epoch, or a global list that keeps batches.",
+        "Memory keeps growing epoch after epoch: something holds references. " + LEAK_CAUSES,
         "Find the reference that grows and remove it (clear_session() between models, "
         "tensors instead of Python numbers into tf.function, build datasets once). Until "
         "then, MemoryMonitor(budget=..., on_leak='stop') stops training cleanly, or "

@@ -57,6 +57,8 @@ from typing import TextIO
 from memfit import checks
 from memfit.env import WORKDIR_ENV
 from memfit.memory.classifier import (
+    EXPLANATIONS,
+    LEAK_CAUSES,
     MIN_GROWTH,
     MIN_VALUES,
     TOO_SHORT,
@@ -102,6 +104,16 @@ SHORT_FIX = (f"Watch a longer run: from outside, memfit needs at least {MIN_STEA
              f"--interval for a short run). Or write epoch_end events with "
              f"memfit.MemoryMonitor(WORKDIR) in the script: epochs are judged instead.")
 
+# A verdict judged on the steady time's slices, not on epoch ends, explained as such.
+_OVER_TIME = {
+    "stable": "Anonymous RSS stays level through the run's steady time (after its start-up "
+              "and warm-up): nothing accumulates while it runs.",
+    "warm-up": "Anonymous RSS grew early in the run's steady time and has been level since: "
+               "caches, traces, allocator pools and pipeline buffers filling up once. This "
+               "is not a leak.",
+    "leak": "Anonymous RSS keeps growing through the run's steady time: something holds "
+            "references. " + LEAK_CAUSES,
+}
 
 @dataclasses.dataclass(frozen=True)
 class WatchResult:
@@ -477,9 +489,20 @@ class OutsideVerdict:
     note: str | None
     steady: float | None = None
 
+    @property
+    def explanation(self) -> str:
+        """The verdict's paragraph, in the words of what was judged: epoch ends, or the
+        steady time (a stranger's report read "at the end of each epoch" with 0 epochs)."""
+        said, kind = self.verdict.explanation, self.verdict.kind
+        if self.basis == "epochs" or kind not in _OVER_TIME or \
+                not said.startswith(EXPLANATIONS[kind][0]):
+            return said
+        return _OVER_TIME[kind] + said[len(EXPLANATIONS[kind][0]):]   # with what it adds
+
     def to_record(self) -> dict:
         """Fields for a ``verdict`` event of the log."""
-        return {**self.verdict.to_record(), "basis": self.basis, "fix": self.fix,
+        return {**self.verdict.to_record(), "explanation": self.explanation,
+                "basis": self.basis, "fix": self.fix,
                 "headline": self.headline, "steady": self.steady}
 
 
