@@ -254,3 +254,43 @@ def test_a_file_name_tensorflow_escapes_comes_back_whole(tmp_path, reader):
             pass
     assert e.value.file == str(bad) and e.value.record == 19
     assert f"memfit verify {data}`" in str(e.value)
+
+
+def edit_counts(path, more):
+    """The manifest says `more` samples more (or fewer) in its first shard than it holds."""
+    import json
+
+    file = path / "manifest.json"
+    m = json.loads(file.read_text())
+    split = m["splits"]["train"]
+    split["shards"][0]["samples"] += more
+    split["samples"] += more
+    m["totals"]["samples"] += more
+    file.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("reader", ["auto", "tf"])
+@pytest.mark.parametrize(("more", "read", "said"), [
+    (40, "fit", "gave 13 batches where its manifest promises 14: its shards hold fewer samples"),
+    (40, "iterate", "gave 13 batches where its manifest promises 14: its shards hold fewer "
+                    "samples"),
+    # fit stops at the count it was promised; a loop reads on, and is told
+    (-40, "iterate", "gave more than 12 batches where its manifest promises 12: its shards "
+                     "hold more samples")])
+def test_a_manifest_whose_counts_disagree_with_its_shards_is_said_as_such(
+        tmp_path, model, reader, more, said, read):
+    """A stranger's hand-edited count ended iteration on tf.data's "Input dataset was
+    expected to contain 18 elements but contained only 16 elements"."""
+    data = pack_small(tmp_path / "data")                  # 400 samples: 13 batches of 32
+    edit_counts(data, more)
+    ds = memfit.dataset(data, 32, features=("x", "y"), reader=reader, shuffle=False)
+    with pytest.raises(CorruptShardError) as e:
+        READS[read](model, ds)
+    assert str(e.value) == (f"memfit: the pack {data} {said} than the manifest says (the "
+                            f"manifest was edited, or a shard replaced). Run `memfit verify "
+                            f"{data}`, then pack again.")
+    # another dataset's count that nothing of memfit's promised stays TensorFlow's
+    other = tf.data.Dataset.range(5).apply(tf.data.experimental.assert_cardinality(977))
+    with pytest.raises(tf.errors.FailedPreconditionError) as e:
+        list(other)
+    assert not isinstance(e.value, CorruptShardError)

@@ -56,6 +56,7 @@ def finish(ds: tf.data.Dataset, plan: ReaderPlan, counter: Any, *, sharded: bool
     if check_cardinality:
         passes = 1 if plan.epochs is None else plan.epochs - plan.epoch
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps_per_epoch * passes))
+        translate_errors.promise(plan.steps_per_epoch * passes, plan.path)
     ds = ds.prefetch(plan.prefetch_batches)
     if sharded:
         options = tf.data.Options()

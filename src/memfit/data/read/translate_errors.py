@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["install", "installed", "short_iteration", "corrupt_shard_error",
-           "assert_clean", "what_to_do"]
+           "assert_clean", "what_to_do", "promise"]
 
 MARKER = "memfit: "
 # memfit's message in TensorFlow's text: what tf.debugging.Assert prints of one string
@@ -72,6 +72,12 @@ _RAISED = re.compile(r"(?:ShardReadError|CorruptShardError): (memfit: (?:shard|a
                      r"[^\n]*)")
 _FILE = re.compile(r"^memfit: (?:shard|array file|TFRecord file) (.+?) (?:is|was) ")
 _RECORD = re.compile(r": (?:record|sample) (\d+)[ ,.)]")
+# tf.data's assert_cardinality, when the input ends before the count it was given.
+_ENDED_EARLY = re.compile(r"Input dataset was expected to contain (\d+) elements but "
+                          r"contained (only|at least) (\d+) elements")
+# The batches each memfit dataset of this process promised (its manifest's counts), and
+# the directory it reads: a dataset that ends early is the pack's fault, said as such.
+_PROMISED: dict[int, str] = {}
 _ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)")
 _SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r"}
 
@@ -159,12 +165,43 @@ def _memfit_class(base: type) -> type:
     return cls
 
 
+def promise(batches: int, directory: str | os.PathLike) -> None:
+    """Records that a dataset reading ``directory`` asserts ``batches`` batches (its
+    manifest's counts), so that tf.data's error when it ends early says what is wrong with
+    the pack (:func:`ended_early`) instead of "expected to contain N elements".
+
+    Example:
+        >>> promise(18, "data/train")
+        >>> ended_early("Input dataset was expected to contain 18 elements but contained "
+        ...             "only 16 elements.").file
+        'data/train'
+    """
+    _PROMISED[int(batches)] = str(directory)
+
+
+def ended_early(text: str) -> CorruptShardError | None:
+    """memfit's error for tf.data's "expected to contain N elements but contained only M"
+    (or "at least M") where a memfit dataset of this process promised N batches; ``None``
+    otherwise."""
+    found = _ENDED_EARLY.search(text)
+    directory = _PROMISED.get(int(found[1])) if found else None
+    if found is None or directory is None:
+        return None
+    gave, fewer = (f"{int(found[3]):,}", True) if found[2] == "only" else (
+        f"more than {int(found[1]):,}", False)
+    return CorruptShardError(
+        f"memfit: the pack {directory} gave {gave} batches where its manifest promises "
+        f"{int(found[1]):,}: its shards hold {'fewer' if fewer else 'more'} samples than the "
+        f"manifest says (the manifest was edited, or a shard replaced). Run `memfit verify "
+        f"{directory}`, then pack again.", directory, None)
+
+
 def _translated(e: BaseException) -> BaseException:
     """``e`` made memfit's error when its text carries memfit's message, else ``e``."""
     text = getattr(e, "message", None)
-    if not isinstance(text, str) or MARKER not in text or isinstance(e, CorruptShardError):
+    if not isinstance(text, str) or isinstance(e, CorruptShardError):
         return e
-    found = corrupt_shard_error(text)
+    found = corrupt_shard_error(text) if MARKER in text else ended_early(text)
     if found is None:
         return e
     try:
