@@ -256,5 +256,8 @@ def test_an_estimate_for_a_gpu_does_not_describe_this_cpus_kernels_and_allocator
     assert "kernels: oneDNN's" not in text and "glibc's dynamic mmap threshold" not in text
     assert "allocator: TensorFlow's on gpu:0 (glibc's policies are the host memory's)" in text
     assert "TensorFlow's GPU estimate has never been measured on a GPU" in text
+    assert "(glibc, oneDNN)" not in text
+    assert "allocator retention (the CPU's, unmeasured on a GPU)" in text
     cpu = str(Estimator(TINY).at(8))
     assert "allocator policy: default" in cpu and "kernels: the GPU's" not in cpu
+    assert "allocator retention (glibc, oneDNN)" in cpu

@@ -159,7 +159,9 @@ class Estimate:
         return [("weights", self.weights), ("optimizer slots", self.optimizer_slots),
                 ("gradients (at peak)", self.gradients),
                 ("activations (at peak)", self.activations),
-                ("allocator retention (glibc, oneDNN)", self.allocator),
+                # glibc and oneDNN hold host memory; on a GPU the same constants are played
+                ("allocator retention (glibc, oneDNN)" if not self.device.startswith("gpu")
+                 else "allocator retention (the CPU's, unmeasured on a GPU)", self.allocator),
                 ("input batch", self.input_batch), ("input pipeline", self.pipeline),
                 ("runtime (graph, kernels)", self.runtime),
                 *([("safety margin", self.margin)] if self.margin else []),
