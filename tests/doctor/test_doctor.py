@@ -228,3 +228,36 @@ def test_a_second_run_on_a_session_script_says_it_resumed(tmp_path):
            f"{workdir / 'checkpoints'}" in text, text
     assert "give the doctor a fresh --workdir" in text and "longer run" not in text
     assert json.loads((workdir / "doctor.json").read_text())["resumed"] == second.resumed
+
+
+def test_a_crash_under_the_doctor_shows_the_scripts_traceback_without_the_probes(tmp_path,
+                                                                                   capfd):
+    """A stranger's Ctrl-C under the doctor showed its probe's frames (`hook.py`,
+    `fit_probe.py`) inside the script's traceback, and a crashed script was told to give
+    the doctor a longer run."""
+    (tmp_path / "keras").mkdir()            # a keras whose import fails: the probe's hook
+    (tmp_path / "keras" / "__init__.py").write_text("raise RuntimeError('broken keras')\n")
+    (tmp_path / "train.py").write_text("import keras\n")
+    result = doctor([sys.executable, str(tmp_path / "train.py")], workdir=tmp_path / "wd")
+    err = capfd.readouterr().err
+    assert result.exit_code == 1
+    assert 'train.py", line 1, in <module>' in err and "RuntimeError: broken keras" in err
+    assert "memfit" not in err.replace(str(tmp_path), ""), err      # no probe frame
+    text = str(result)
+    assert "The command failed (exit code 1)" in text
+    assert "give the doctor a longer run" not in text
+
+
+def test_a_command_ended_by_ctrl_c_is_said_to_be_interrupted(tmp_path, capfd):
+    """A Ctrl-C met while the probe's hook loads Keras: the script's traceback without
+    the probe's frames, and the exit by SIGINT Python gives it (status 130, not 1)."""
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "__init__.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    (tmp_path / "train.py").write_text("import keras\n")
+    result = doctor([sys.executable, str(tmp_path / "train.py")], workdir=tmp_path / "wd")
+    assert result.exit_code == 130, str(result)
+    assert "The command was interrupted (Ctrl-C, exit code 130)" in str(result), str(result)
+    err = capfd.readouterr().err
+    assert err.rstrip().endswith("KeyboardInterrupt") and 'train.py", line 1' in err
+    assert "memfit" not in err.replace(str(tmp_path), ""), err

@@ -69,6 +69,7 @@ class _Loader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
+        _own_tracebacks()           # from here on a traceback may hold the probe's frames
         self._loader.exec_module(module)
         _keras_loaded(module)
 
@@ -106,6 +107,80 @@ def _deadline(seconds: float) -> None:
     timer.daemon = True
     timer.name = "memfit-doctor-deadline"
     timer.start()
+
+
+def _own_frame(filename: str) -> bool:
+    """A frame of the doctor's probe (this directory) or of its ``sitecustomize`` shim:
+    frames ``python script.py`` would not have."""
+    return (os.path.dirname(os.path.abspath(filename)) == _HERE
+            or os.path.basename(filename) == "sitecustomize.py" and ".doctor" in filename)
+
+
+def _memfits(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_MEMFIT)
+
+
+def _stdlib(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_STDLIB) and "-packages" not in filename
+
+
+def _without_own_frames(te: Any, seen: set[int]) -> None:
+    """Leaves the probe's frames out of ``te`` (a ``traceback.TracebackException``) and of
+    the exceptions chained to it; an exception raised inside the probe's own work (a
+    Ctrl-C while its callback logs a step) ends at the frame that called the probe."""
+    import traceback
+
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    frames = list(te.stack)
+    end = len(frames)
+    while end and (_memfits(frames[end - 1].filename) or _stdlib(frames[end - 1].filename)):
+        end -= 1
+    tail = [i for i in range(end, len(frames)) if _memfits(frames[i].filename)]
+    if tail and _own_frame(frames[tail[0]].filename) and end:
+        frames = frames[:tail[0]]
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in frames if not _own_frame(f.filename)])
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _without_own_frames(chained, seen)
+
+
+def _own_tracebacks() -> None:
+    """Prints uncaught exceptions without the probe's frames (:func:`_excepthook`), unless
+    the script's own site set another hook. ``traceback`` is imported here, not in the
+    hook: an import while Python prints an uncaught ``KeyboardInterrupt`` loses its exit
+    by SIGINT (status 1 instead of 130)."""
+    import traceback  # noqa: F401 - loaded now, used by _excepthook
+
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _excepthook
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """The traceback ``python script.py`` prints, without the probe's frames (a stranger's
+    Ctrl-C under the doctor showed ``fit_probe`` and ``hook`` frames in the middle)."""
+    import signal
+    import traceback
+
+    # A Ctrl-C reaches this process twice (the terminal's, and the one memfit doctor
+    # passes on): the second must not cut the printing of the first.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        te = traceback.TracebackException(kind, value, tb)
+        _without_own_frames(te, set())
+        sys.stderr.write("".join(te.format()))
+    except Exception:       # noqa: BLE001 - never lose the user's traceback
+        sys.__excepthook__(kind, value, tb)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)      # Python then dies by SIGINT
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MEMFIT = os.path.dirname(_HERE) + os.sep
+_STDLIB = os.path.dirname(os.__file__) + os.sep
 
 
 def install(seconds: str | None = None) -> KerasFinder:

@@ -147,8 +147,10 @@ class DoctorResult:
         if self.resumed is not None:
             lines += [""] + textwrap.wrap(self._resumed_note(), WIDTH)
         if self.exit_code not in (0,) and self.stopped is None:
-            lines += ["", f"The command failed (exit code {self.exit_code}) before the doctor "
-                          f"stopped it: the findings cover the part that ran."]
+            how = ("was interrupted (Ctrl-C" if self._interrupted else "failed (") + \
+                f"{', ' if self._interrupted else ''}exit code {self.exit_code})"
+            lines += ["", f"The command {how} before the doctor stopped it: the findings "
+                          f"cover the part that ran."]
         lines.append("")
         if not self.findings:
             failed = self.exit_code != 0 and self.stopped is None
@@ -172,8 +174,18 @@ class DoctorResult:
         if self.resumed is not None:
             return (f" Memory growth: {v.get('headline', 'too short to judge')}: the "
                     f"script resumed where an earlier run stopped (above).")
+        if self.exit_code != 0 and self.stopped is None and not self._interrupted:
+            # a script that crashed is not made longer by the doctor's options
+            return (f" Memory growth: {v.get('headline', 'too short to judge')}: the command "
+                    f"ended with exit code {self.exit_code}; fix what stopped it (its error "
+                    f"is above), then run the doctor again.")
         return (f" Memory growth: {v.get('headline', 'too short to judge')}; give the "
                 f"doctor a longer run (--epochs, --steps or --seconds).")
+
+    @property
+    def _interrupted(self) -> bool:
+        """The command ended by a Ctrl-C (exit 130, or killed by SIGINT)."""
+        return self.exit_code in (130, -2)
 
     def _resumed_note(self) -> str:
         """The command resumed from an earlier run's checkpoint: what the doctor saw, and
