@@ -340,7 +340,7 @@ def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
     input_shape = parse_input_shape(input_shape)
     if isinstance(source, keras.Model):
         model = source
-        if dtype_policy is not None and _policy_name(model) != dtype_policy:
+        if dtype_policy is not None and not _under(model, dtype_policy):
             model = _clone_under(model, dtype_policy)
         return model
     if not isinstance(source, str | os.PathLike):
@@ -350,7 +350,7 @@ def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
     with policy_scope(dtype_policy):
         if is_model_file(text):
             model = _load_file(Path(text))
-            if dtype_policy is not None and _policy_name(model) != dtype_policy:
+            if dtype_policy is not None and not _under(model, dtype_policy):
                 model = _clone_under(model, dtype_policy)
         else:
             model = _call_factory(_import_function(text), text, input_shape)
@@ -360,8 +360,28 @@ def load(source: str | ModelSpec | Any, dtype_policy: str | None = None, *,
     return model
 
 
-def _policy_name(model: Any) -> str:
-    return getattr(getattr(model, "dtype_policy", None), "name", "float32")
+def _under(model: Any, policy: str) -> bool:
+    """Whether ``model`` already runs under ``policy``: its own policy is ``policy`` and so
+    is some layer's (the others may keep theirs, as a ``float32`` output layer of a
+    mixed-precision model does). A model loaded from a file under a policy takes the
+    policy while every layer keeps the dtype it was saved with: not under it (a
+    stranger's ``.keras`` file estimated as ``float32`` under ``--dtype-policy
+    mixed_float16``)."""
+    def name(layer: Any) -> str:
+        return getattr(getattr(layer, "dtype_policy", None), "name", "float32")
+
+    if name(model) != policy:
+        return False
+    stack, layers = list(getattr(model, "layers", [])), 0
+    while stack:
+        layer = stack.pop()
+        nested = list(getattr(layer, "layers", []))
+        if not nested:
+            layers += 1
+            if name(layer) == policy:
+                return True
+        stack.extend(nested)
+    return layers == 0
 
 
 def _clone_under(model: Any, policy: str) -> Any:
