@@ -118,14 +118,37 @@ def test_jobs_from_python_are_checked_the_same_way():
         parse_jobs(42)  # type: ignore[arg-type]
 
 
-def test_the_default_overhead_is_the_calibrated_baseline(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # nothing calibrated
-    from memfit.estimate.baseline import DEFAULT_BASELINE
+def test_the_default_overhead_is_the_baseline_measured_once(tmp_path, monkeypatch):
+    """Nothing cached: the first plan measures this machine's baseline and caches it, as
+    the first estimate does. A stranger's examples/jobs.toml ran on the 220 MiB default
+    against a 263 MiB baseline, and two of its four jobs were stopped for it."""
+    import memfit.estimate.baseline as baseline
 
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(tmp_path / "cache"))   # nothing calibrated
+    measured = []
+
+    def calibrate(device, runs=3, cache=True):
+        measured.append(device)
+        return baseline.Calibration(device=device, baseline=250 * 2**20,
+                                    host_baseline=250 * 2**20, interpreter=20 * 2**20,
+                                    tensorflow="x", keras="y", host="h", runs=runs,
+                                    measured_at=0.0, backend="tensorflow", jax="-")
+
+    monkeypatch.setattr(baseline, "calibrate", calibrate)
+    for _ in range(2):
+        p = plan(write(tmp_path, GOOD), budget="2GiB", device="cpu", workdir=tmp_path / "wd")
+        assert p.overhead == 250 * 2**20 and p.overhead_source == "calibrated"
+        assert p.jobs[0].charge == 100 * 2**20 + 250 * 2**20
+    assert measured == ["cpu"]                                  # once, then cached
+
+    def fails(device, runs=3, cache=True):
+        raise baseline.CalibrationError("no TensorFlow here")
+
+    monkeypatch.setattr(baseline, "calibrate", fails)
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(tmp_path / "empty"))
     p = plan(write(tmp_path, GOOD), budget="2GiB", device="cpu", workdir=tmp_path / "wd")
-    assert p.overhead == DEFAULT_BASELINE["cpu"]
+    assert p.overhead == baseline.DEFAULT_BASELINE["cpu"]
     assert p.overhead_source == "default: run memfit calibrate"
-    assert p.jobs[0].charge == 100 * 2**20 + DEFAULT_BASELINE["cpu"]
 
 
 def test_need_auto_uses_the_estimator(tmp_path, monkeypatch):

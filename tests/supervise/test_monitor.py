@@ -109,6 +109,15 @@ def test_on_leak_restart_without_a_session_exits_with_the_restart_code(tmp_path)
     assert last["event"] == "exit" and last["code"] == exitcodes.RESTART
 
 
+def test_a_workdir_holding_another_files_log_is_refused_when_the_monitor_is_made(tmp_path):
+    """A stranger's training ran to its end on a workdir whose memory.jsonl was a CSV,
+    then died in on_train_end, the code after fit never run."""
+    (tmp_path / "memory.jsonl").write_text("a,b\n1,2\n")
+    with pytest.raises(LogError, match="not a memfit log"):
+        memfit.MemoryMonitor(tmp_path)
+    assert (tmp_path / "memory.jsonl").read_text() == "a,b\n1,2\n"      # left as it was
+
+
 def test_read_log_refuses_other_files(tmp_path):
     csv = tmp_path / "a.csv"
     csv.write_text("t,rss\n")

@@ -11,8 +11,10 @@ A job is charged **its need plus the per-process overhead** of the device:
 - the overhead is what every training process holds before it has a model: on the CPU
   the anonymous RSS of a process with TensorFlow started; on a GPU the device memory
   beyond the cap (CUDA context, cuDNN/cuBLAS). Both are measured by ``memfit
-  calibrate`` (``--device gpu:0``) and cached; ``overhead=`` overrides it (e.g. for jobs
-  that are not TensorFlow processes);
+  calibrate`` (``--device gpu:0``) and cached; the first plan on a machine with nothing
+  cached measures it once, as the first estimate does (a GPU this machine does not have
+  gets the default); ``overhead=`` overrides it (e.g. for jobs that are not TensorFlow
+  processes);
 - a job supervised by ``memfit run`` (``restart``) is also charged the supervisor's own
   memory (:data:`SUPERVISOR_RSS`) on the CPU.
 
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import MemfitError
-from memfit.estimate.baseline import check_device, framework_baseline
+from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.memory.log import LogError, check_log
 from memfit.memory.probe import nvml_devices, system_memory
 from memfit.share.jobs import (
@@ -200,7 +202,11 @@ def _budget(value: Any, device: str) -> tuple[int, str]:
 def _overhead(value: Any, device: str) -> tuple[int, str]:
     if value is not None:
         return parse_size(value, name="overhead"), "given"
-    baseline, source = framework_baseline(device)
+    # Measured once when nothing is cached, as the first estimate does: the default is
+    # below this machine's baseline where JAX sits beside TensorFlow (263 against 220 MiB),
+    # and a stranger's examples/jobs.toml had two of its jobs stopped for that difference.
+    here = device == "cpu" or gpu_memory(int(device.split(":")[1])) is not None
+    baseline, source = ensure_calibration(device) if here else framework_baseline(device)
     if source == "default":
         source = f"default: run memfit calibrate{' --device ' + device if device != 'cpu' else ''}"
     return baseline, source

@@ -19,7 +19,7 @@ from memfit.memory.allocator import (
     require_trim,
 )
 from memfit.memory.classifier import MIN_VALUES, TOO_SHORT, Verdict, classify, classify_release
-from memfit.memory.log import Event, MemoryLog
+from memfit.memory.log import Event, MemoryLog, check_log
 from memfit.memory.probe import extended_record
 from memfit.sizes import format_size, parse_size
 from memfit.supervise.held_lines import hold, say_held
@@ -113,6 +113,9 @@ class MemoryMonitor(keras.callbacks.Callback):
                                  f"tensorboard (or memfit[tensorboard]). Received: "
                                  f"tensorboard_dir={tensorboard_dir!r}")
         self.workdir = Workdir(default_workdir() if workdir is None else workdir).create()
+        # here, not at the end of fit: a stranger's training ran to its end, then died on
+        # "is not a memfit log" in on_train_end, the code after fit never run
+        check_log(self.workdir.log)
         self.every_n_batches = every_n_batches
         self.warmup_epochs = warmup_epochs
         self.budget = parse_size(budget, name="budget", memory=True) if budget is not None else None
