@@ -87,6 +87,28 @@ def test_on_leak_stop_stops_training(tmp_path):
     assert any(r["event"] == "stop" for r in read_log(tmp_path / "memory.jsonl"))
 
 
+def test_on_leak_stop_says_it_stopped_the_training(tmp_path, capsys):
+    """A stranger's training ended after 5 of 30 epochs with no word of why."""
+    monitor = memfit.MemoryMonitor(tmp_path, on_leak="stop", budget="64GiB")
+    assert _leaky_epochs(monitor, tiny_model()) == 4
+    err = capsys.readouterr().err
+    assert "memfit: stopping training after epoch 5: memory is leaking (on_leak='stop')" in err
+
+
+def test_the_log_and_the_end_of_training_carry_the_final_verdict(tmp_path, capsys):
+    """A verdict is logged when its kind changes; the report read "stable ... over 5
+    epochs" of a 20-epoch training, and the end of training printed only the paths."""
+    monitor = memfit.MemoryMonitor(tmp_path, warmup_epochs=1)
+    tiny_model().fit(np.ones((64, 4)), np.ones(64), batch_size=16, epochs=12, verbose=0,
+                     callbacks=[monitor])
+    final = monitor.verdict
+    assert final.epochs == 12 and final.kind != "too-short"
+    logged = [r for r in read_log(tmp_path / "memory.jsonl") if r["event"] == "verdict"]
+    assert logged[-1]["headline"] == final.headline
+    assert len(logged) >= 2 and logged[0]["headline"] != final.headline  # said at first too
+    assert f"memfit: {final.headline}\n  memory log: " in capsys.readouterr().err
+
+
 def test_on_leak_restart_without_a_session_exits_with_the_restart_code(tmp_path):
     script = textwrap.dedent(f"""
         import numpy as np, keras, memfit

@@ -181,7 +181,9 @@ class WatchResult:
         if self.basis == "epochs":
             basis = f"the {self.verdict.epochs} epoch_end events of the log"
         elif self.steady is not None:
-            basis = (f"the process tree's memory over {self.steady:.0f} s of steady time, "
+            # as precise as the headline's "had 2.5 s" (a stranger read "over 2 s" beside it)
+            steady = f"{self.steady:.1f}" if self.steady < 10 else f"{self.steady:.0f}"
+            basis = (f"the process tree's memory over {steady} s of steady time, "
                      f"seen from outside")
         else:
             basis = (f"the process tree's memory over {self.duration:.0f} s, seen from "

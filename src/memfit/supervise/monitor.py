@@ -141,6 +141,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self._release = ReleaseProbe()
         self._releases_logged = 0
         self._log_shown = False
+        self._logged: str | None = None        # the headline of the last verdict logged
         self._deferring = False
 
     @property
@@ -299,6 +300,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         if verdict.kind != previous and verdict.kind != TOO_SHORT:
             assert self.log is not None
             self.log.write(Event.VERDICT, epoch=epoch, **verdict.to_record())
+            self._logged = verdict.headline
             if self.verbose:
                 self._say(f"memfit: {verdict.headline}")
                 if verdict.kind == "allocator-retention":
@@ -315,6 +317,9 @@ class MemoryMonitor(keras.callbacks.Callback):
             self.log.write(Event.STOP, epoch=epoch, reason="leak")
             if self.model is not None:
                 self.model.stop_training = True
+            if self.verbose:            # a stranger's training just ended, with no word why
+                self._say(f"memfit: stopping training after epoch {epoch + 1}: memory is "
+                          f"leaking (on_leak='stop'). {self.verdict.fix}")
             return
         from memfit.supervise.session import current
 
@@ -342,10 +347,17 @@ class MemoryMonitor(keras.callbacks.Callback):
         if self.verdict is None:
             self.verdict = classify(self.epoch_values, warmup_epochs=self.warmup_epochs,
                                     budget=self.budget)
+        if self.verdict.kind != TOO_SHORT and self._logged != self.verdict.headline:
+            # the verdict at the end, with its figures ("over 20 epochs"): the report reads
+            # the log's last verdict, and a stranger's said "over 5 epochs" after 20
+            self.log.write(Event.VERDICT, epoch=len(self.epoch_values) - 1,
+                           **self.verdict.to_record())
+            self._logged = self.verdict.headline
         if self.verbose:
-            # fit() in a loop ends training many times: say each verdict once.
-            said = self._said == self.verdict.kind
-            if not said or not self._log_shown:
+            # fit() in a loop ends training many times: say each verdict once, and the
+            # first training's verdict at its end with its final figures.
+            said = self._said == self.verdict.kind and self._log_shown
+            if not said:
                 print(("" if said else f"memfit: {self.verdict.headline}\n")
                       + f"  memory log: {self.workdir.log}", file=sys.stderr)
                 self._said = self.verdict.kind
