@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import memfit
+import memfit.errors
+
 ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 
 
@@ -162,3 +165,25 @@ def test_bad_input_is_one_clear_error_and_leaves_nothing(place, argv, code, quot
     assert quoted in proc.stderr, said[-3000:]
     assert "error" in proc.stderr.lower()
     assert not new, f"left behind: {sorted(new)}"
+
+
+@pytest.mark.parametrize(("call", "error", "said"), [
+    (lambda: memfit.dataset(5, 32), memfit.errors.DatasetError,
+     "memfit.dataset's path must be a packed directory, .npy arrays or TFRecord files (a "
+     "path, a dict of paths, or a list of files). Received: path=5 of type int"),
+    (lambda: memfit.format_size("x"), TypeError,
+     "format_size formats a number of bytes (an int or a float); to read a size such as "
+     "'2GiB', use parse_size. Received: 'x'"),
+    (lambda: memfit.MemoryMonitor("never-made", verbose=5), ValueError,
+     "verbose must be 1 (say the verdict when it changes and at the end of training) or 0 "
+     "(silent). Received: verbose=5"),
+], ids=["dataset", "format_size", "monitor"])
+def test_a_wrong_argument_is_one_line_naming_it(tmp_path, monkeypatch, call, error, said):
+    """A stranger's wrong arguments met Python's own errors ("expected str, bytes or
+    os.PathLike object, not int"), or were taken silently."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error) as e:
+        call()
+    assert str(e.value) == said
+    assert not (tmp_path / "never-made").exists()                  # nothing made first
+    assert memfit.format_size(np.int64(2048)) == "2.0 KiB"          # numpy numbers are numbers

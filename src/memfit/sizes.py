@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 __all__ = ["parse_size", "format_size", "format_count", "plural", "parse_budget",
@@ -126,6 +127,9 @@ def format_size(num_bytes: int | float | None, *, signed: bool = False) -> str:
     """
     if num_bytes is None:
         return "n/a"
+    if isinstance(num_bytes, bool) or not isinstance(num_bytes, numbers.Real):
+        raise TypeError(f"format_size formats a number of bytes (an int or a float); to read "
+                        f"a size such as '2GiB', use parse_size. Received: {num_bytes!r}")
     sign = "-" if num_bytes < 0 else ("+" if signed and num_bytes > 0 else "")
     value = abs(float(num_bytes))
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

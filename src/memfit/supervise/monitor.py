@@ -97,6 +97,9 @@ class MemoryMonitor(keras.callbacks.Callback):
                  on_leak: str = "warn", tensorboard_dir: str | None = None,
                  python_heap: bool = False, report: bool = False, verbose: int = 1):
         super().__init__()
+        if verbose not in (0, 1) or isinstance(verbose, float):
+            raise ValueError(f"verbose must be 1 (say the verdict when it changes and at the "
+                             f"end of training) or 0 (silent). Received: verbose={verbose!r}")
         every_n_batches = checks.count("every_n_batches", every_n_batches, minimum=0,
                                         example=100, hint="0 samples at epoch ends only.")
         warmup_epochs = checks.count("warmup_epochs", warmup_epochs, minimum=0, example=1)
@@ -122,7 +125,7 @@ class MemoryMonitor(keras.callbacks.Callback):
         self.trim = trim
         self.on_leak = on_leak
         self.python_heap = python_heap
-        self.verbose = verbose
+        self.verbose = int(verbose)
         self.report = report
         self.tensorboard_dir = tensorboard_dir
         self.epoch_values: list[int] = []

@@ -180,6 +180,10 @@ def _read(path: Any, batch_size: int, *, split: str | None, features: Any,
     # Shuffled by construction: Keras's "`shuffle=True` ... will be ignored" is noise here.
     ignore_keras_shuffle_warning()
     backend = keras_backend()
+    if not isinstance(path, str | os.PathLike | Mapping | list | tuple):
+        raise DatasetError(f"memfit.dataset's path must be a packed directory, .npy arrays "
+                           f"or TFRecord files (a path, a dict of paths, or a list of "
+                           f"files). Received: path={path!r} of type {type(path).__name__}")
     if isinstance(path, list | tuple) and not path:
         raise DatasetError("memfit.dataset was given an empty list of files: give TFRecord "
                            "files or globs (['data/path1.tfrecords', ...]), a packed "
