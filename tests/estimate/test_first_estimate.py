@@ -50,6 +50,7 @@ def test_nothing_cached_is_measured_once_and_said_in_one_line(empty_cache, monke
         f"memfit: measured this machine's TensorFlow baseline once: 218.0 MiB (cached in "
         f"{empty_cache / 'calibration.json'}; `memfit calibrate` to redo it)"]
     assert runs == [{"runs": 1, "cache": False}]
+    assert caplog.records[0].levelno == logging.WARNING     # seen without logging set up
     caplog.clear()
     assert ensure_calibration("cpu") == (218 * 2**20, "calibrated")     # cached: silent
     assert framework_baseline("cpu") == (218 * 2**20, "calibrated")

@@ -242,8 +242,10 @@ def ensure_calibration(device: str = "cpu") -> tuple[int, str]:
     except CalibrationError:
         where = (f"not cached: {str(cache_path().parent)!r} is not writable, set "
                  f"{CACHE_ENV} to a writable directory")
-    log.info("memfit: measured this machine's %s baseline%s once: %s (%s; `%s` to "
-             "redo it)", _framework_name(), on, format_size(c.baseline), where, redo)
+    # a warning, so that a Python script (no logging set up) sees it as the CLI does: a
+    # stranger's first memfit.estimate_memory() waited seconds for it without a word
+    log.warning("memfit: measured this machine's %s baseline%s once: %s (%s; `%s` to "
+                "redo it)", _framework_name(), on, format_size(c.baseline), where, redo)
     return c.baseline, "calibrated"
 
 
