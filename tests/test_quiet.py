@@ -206,3 +206,20 @@ def test_jaxs_logger_is_filtered_in_memfits_own_process(caplog):
             logger.info("a line JAX means")
         logger.info(tpu)                       # the filter is gone after the block
     assert [r.getMessage() for r in caplog.records] == ["a line JAX means", tpu]
+
+
+def test_the_library_run_and_doctor_leave_out_the_startup_lines_as_their_commands_do(
+        tmp_path, capfd):
+    """A stranger's memfit.run(...) and memfit.run_doctor(...) showed 3-6 start-up lines of
+    every child, which `memfit run` and `memfit doctor` leave out."""
+    import memfit
+
+    command = [sys.executable, "-c", CHILD]
+    for call in (lambda: memfit.run(command, workdir=tmp_path / "run", out=False),
+                 lambda: memfit.run_doctor(command, workdir=tmp_path / "doctor")):
+        call()
+        err = capfd.readouterr().err
+        assert "user error line" in err and "oneDNN" not in err and "cuInit" not in err, err
+    with quieted(False):                          # asked for: shown
+        memfit.run(command, workdir=tmp_path / "shown", out=False)
+    assert STARTUP in capfd.readouterr().err

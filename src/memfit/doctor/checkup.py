@@ -36,6 +36,7 @@ from memfit.memory.log import Event, MemoryLog, read_log
 from memfit.memory.probe import system_memory
 from memfit.memory.process import check_command
 from memfit.memory.watch import WatchResult, watch
+from memfit.quiet import quieted
 from memfit.workdir import Workdir
 
 __all__ = ["doctor", "DEFAULT_EPOCHS", "DEFAULT_SECONDS", "DEFAULT_WORKDIR",
@@ -103,7 +104,9 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     """Runs a training command for a bounded number of steps and diagnoses its memory.
 
     The command runs unchanged (same terminal and environment, plus the probe's
-    variables). Its Python processes that import Keras get memfit's probe: ``fit`` is
+    variables), its output too but for TensorFlow's start-up lines, left out as ``memfit
+    doctor`` leaves them out (inside ``memfit.quiet.quieted(False)`` they are shown).
+    Its Python processes that import Keras get memfit's probe: ``fit`` is
     watched step by step and ended after ``epochs`` epoch ends or ``steps`` steps over
     all its calls, or once ``seconds`` have passed since the process started; the
     process then exits with code 0 (a script that calls ``fit(epochs=1)`` in a loop is
@@ -148,7 +151,8 @@ def doctor(command: Sequence[str], *, steps: int | None = None, seconds: float |
     env = site.environment(site.prepare(wd.path), results_dir, run_id, steps=steps,
                            seconds=seconds, epochs=epochs)
     since = time.time()
-    watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
+    with quieted():     # as `memfit doctor` does; quieted(False) around the call shows them
+        watched = watch(command, interval=interval, workdir=wd.path, status=status, env=env)
     result = _diagnose(tuple(command), watched, _read_probe(results_dir, run_id), wd.path)
     resumed = _resumed(watched.log_path, since)
     if resumed is not None:

@@ -51,6 +51,7 @@ from memfit.memory.process import check_command, exit_code, forward_signals, kil
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
 from memfit.memory.watch import OutsideVerdict, judge
+from memfit.quiet import quieted
 from memfit.sizes import format_size, parse_size
 from memfit.supervise import restart_protocol, warm
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
@@ -86,7 +87,9 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol
 
     The command should use :func:`memfit.session` (it checkpoints, resumes, and answers
     restart requests); any command can be run, but then only crash restarts (from the
-    start) are possible. Its output streams through unchanged.
+    start) are possible. Its output streams through unchanged, but for TensorFlow's
+    start-up lines (oneDNN, CUDA drivers, cuInit), left out as ``memfit run`` leaves them
+    out; to see them, call it inside ``memfit.quiet.quieted(False)``.
 
     Example:
         >>> result = memfit.run(["python", "train.py"], workdir="runs/exp1",
@@ -135,7 +138,8 @@ def run(command: Sequence[str], *, workdir: str | os.PathLike = restart_protocol
                              stop_grace=stop_grace, start=start)
     wd = Workdir(workdir).create()
     check_log(wd.log)
-    result = _Supervisor(command, wd, limits).run()
+    with quieted():     # as `memfit run` does; quieted(False) around the call shows them
+        result = _Supervisor(command, wd, limits).run()
     if out is not False:
         print(result, file=sys.stderr if out is None else out)
     return result
