@@ -10,6 +10,7 @@ from memfit.cli import main
 from memfit.memory.classifier import EXPLANATIONS
 from memfit.memory.log import LogError, MemoryLog
 from memfit.report import ReportResult, RunData, load, timeline, write_report
+from memfit.report.summary import summarize
 from memfit.report.timeline_plot import title
 from memfit.workdir import Workdir
 from tests.report.synthetic import (
@@ -315,3 +316,40 @@ def test_share_jobs_running_the_same_command_are_told_apart_by_name(tmp_path, mo
     named = [la for la in labels if la and "pid 10" in la]
     assert named == ["job small: pid 101 (python t.py)", "job large: pid 102 (python t.py)"], \
         labels
+
+
+def test_the_table_and_the_timeline_give_one_peak_and_a_far_budget_is_named_not_drawn(
+        tmp_path, monkeypatch):
+    """A stranger's doctor workdir: the plot marked 550.5 MiB (an in-process record), the
+    table said 498.9 (the outside samples). And an 8 GiB budget flattened a 288 MiB line
+    into the bottom of the plot."""
+    import matplotlib.axes
+
+    drawn = {"annotate": [], "axhline": [], "labels": []}
+    for name in ("annotate", "axhline"):
+        real = getattr(matplotlib.axes.Axes, name)
+
+        def spy(self, *args, _real=real, _name=name, **kwargs):
+            drawn[_name].append(args[0] if _name == "annotate" else kwargs.get("label"))
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(matplotlib.axes.Axes, name, spy)
+    real_plot = matplotlib.axes.Axes.plot
+
+    def plot(self, *args, **kwargs):
+        drawn["labels"].append(kwargs.get("label"))
+        return real_plot(self, *args, **kwargs)
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    log_path = tmp_path / "memory.jsonl"
+    with MemoryLog(log_path, source="watch", header=False) as log:
+        start(log, 77, source="watch", budget=8 * 2**30)
+        for i in range(10):           # the tree, from outside
+            log.write("sample", pid=77, t=T0 + i, scope="tree", rss_anon=(280 + i) * MiB,
+                      rss_file=10 * MiB, rss=(290 + i) * MiB)
+        log.write("train_begin", pid=77, t=T0 + 4.5, rss_anon=300 * MiB, rss_file=10 * MiB,
+                  rss=310 * MiB)      # inside, between two outside samples
+    data = load(log_path)
+    [row] = summarize(data)
+    assert row.peak_anon == 300 * MiB and row.samples == 10
+    timeline(data, tmp_path / "t.png")
+    assert drawn["annotate"] == ["peak 300.0 MiB"]
+    assert drawn["axhline"] == [] and "budget 8.0 GiB (off the scale)" in drawn["labels"]

@@ -82,11 +82,15 @@ class VerdictSummary:
 
 def _summary(process: ProcessData) -> ProcessSummary:
     values = [anon(r) for r in process.samples]
+    # the peak of every record that measured this process: one measured inside it
+    # (a probe's train_begin) is a floor of its tree's at that instant, and may be what
+    # the outside samples missed (the timeline marks the same peak)
+    peaks = [v for v in (anon(r) for r in process.records) if v is not None]
     totals = [v for r in process.records for v in (number(r.get("rss")),
                                                    number(r.get("rss_peak"))) if v is not None]
     return ProcessSummary(
         pid=process.pid, command=process.command, duration=process.duration,
-        samples=len(values), peak_anon=max(values, default=None),
+        samples=len(values), peak_anon=max(peaks, default=None),
         final_anon=values[-1] if values else None,
         growth=values[-1] - values[0] if values else None,
         peak_rss=max(totals, default=None), epochs=len(process.epoch_ends),

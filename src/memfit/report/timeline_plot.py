@@ -206,25 +206,35 @@ class _Scale:
         return [(t - self.t0) / self.scale for t in ts]
 
 
+_BUDGET_SCALE = 4      # a budget above this many times the peak is named, not drawn
+
+
 def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int, str],
                x: _Scale) -> None:
     """Anonymous RSS (solid) and file-backed RSS (dashed), one colour per process."""
-    host_max = max((v for p in processes for r in p.samples
+    host_max = max((v for p in processes for r in p.records
                     for v in (anon(r), number(r.get("rss_file"))) if v is not None), default=0)
     key = next((k for k in _BUDGET_KEYS if number(data.start.get(k))), None)
     budget = number(data.start.get(key)) if key else None
-    top = max(host_max, budget or 0)
+    # A budget far above the memory would flatten it into the bottom of the plot (a
+    # stranger's 288 MiB under an 8 GiB budget): it is then named, not drawn.
+    off_scale = bool(budget and host_max and budget > _BUDGET_SCALE * host_max)
+    top = max(host_max, 0 if off_scale else budget or 0)
     factor = _size_axis(ax, top)
     peak = (None, None, -1.0)
     for n, process in enumerate(processes):
-        xs, ys = _series(process, anon)
-        xs = x(xs)
+        # the line: the process's samples (its tree's, where watch sampled the tree: an
+        # in-process record measures less and would zigzag the line)
+        xs = x([r["t"] for r in process.samples])
+        ys = [anon(r) for r in process.samples]
         ax.plot(xs, [y / factor for y in ys], color=colors[process.pid], lw=1.8, ms=3,
                 marker="o" if len(xs) < 30 else None,
                 label=_pid_label(process) if n < _MAX_PIDS_IN_LEGEND else None)
-        if ys and max(ys) > peak[2]:
-            i = max(range(len(ys)), key=ys.__getitem__)
-            peak = (xs[i], ys[i] / factor, ys[i])
+        # the peak: of every record, as the report's table (summary.py) counts it
+        px, py = _series(process, anon)
+        if py and max(py) > peak[2]:
+            i = max(range(len(py)), key=py.__getitem__)
+            peak = (x(px)[i], py[i] / factor, py[i])
         fx, fy = _series(process, lambda r: number(r.get("rss_file")))
         ax.plot(x(fx), [y / factor for y in fy], color=colors[process.pid], lw=1.1, ls="--",
                 alpha=0.8)
@@ -234,13 +244,21 @@ def _draw_host(ax, data: RunData, processes: list[ProcessData], colors: dict[int
     ax.plot([], [], color="black", lw=1.8,
             label="RSS (no anon/file split)" if total_only else "anonymous RSS")
     ax.plot([], [], color="black", lw=1.1, ls="--", label="file-backed RSS")
-    if budget:
+    if budget and off_scale:
+        ax.plot([], [], " ", label=f"{_BUDGET_KEYS[key or 'budget']} {format_size(budget)} "
+                                   f"(off the scale)")
+    elif budget:
         ax.axhline(budget / factor, color="#d62728", lw=1, ls=":",
                    label=f"{_BUDGET_KEYS[key or 'budget']} {format_size(budget)}")
     if peak[0] is not None:
         ax.plot([peak[0]], [peak[1]], "o", ms=4, color="0.2", zorder=3)
-        ax.annotate(f"peak {format_size(peak[2])}", (peak[0], peak[1]), xytext=(-40, 4),
-                    textcoords="offset points", ha="right", va="center", fontsize=8,
+        # the label on the side with room: left of a peak in the right half, else right
+        # (a stranger's peak near the start had its label over the tick labels)
+        left, right = ax.get_xlim()
+        late = right > left and (peak[0] - left) / (right - left) >= 0.5
+        ax.annotate(f"peak {format_size(peak[2])}", (peak[0], peak[1]),
+                    xytext=(-40 if late else 40, 4), textcoords="offset points",
+                    ha="right" if late else "left", va="center", fontsize=8,
                     color="0.2", arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6})
     ax.set_ylabel(f"host memory ({_size_unit(top)[0]})")
     ax.set_title(title(data), fontsize=11, loc="left")
