@@ -99,6 +99,16 @@ def test_leak_is_classified_per_step_with_a_trim_probe(results):
     verdicts = [json.loads(line) for line in result.log_path.read_text().splitlines()
                 if '"event":"verdict"' in line]
     assert verdicts[-1]["source"] == "doctor" and verdicts[-1]["verdict"] == "leak"
+    # ... said in steps, as the doctor says it, not "/epoch over 10 epochs" of 40 steps
+    assert "/step over 40 training steps" in verdicts[-1]["headline"], verdicts[-1]
+    assert "epoch" not in verdicts[-1]["headline"]
+    assert verdicts[-1]["explanation"].startswith("Memory keeps growing step after step")
+    # and memfit report of the doctor's workdir shows what the doctor found
+    from memfit.report import write_report
+
+    report = write_report(result.log_path.parent)
+    assert report.doctor.startswith("memfit doctor found memory-growth (about ")
+    assert report.doctor in report.verdicts[0].note
 
 
 def test_shuffle_buffer_is_sized_from_the_pipeline(results):

@@ -353,3 +353,26 @@ def test_the_table_and_the_timeline_give_one_peak_and_a_far_budget_is_named_not_
     timeline(data, tmp_path / "t.png")
     assert drawn["annotate"] == ["peak 300.0 MiB"]
     assert drawn["axhline"] == [] and "budget 8.0 GiB (off the scale)" in drawn["labels"]
+
+
+def test_a_doctors_workdir_shows_its_findings_and_no_fix_that_says_to_run_it(tmp_path,
+                                                                              capsys):
+    """A stranger's `memfit report` of a doctor's workdir said "Nothing to fix ... memfit
+    doctor -- python train.py measures what holds it" beside the doctor's 219 MiB finding."""
+    log_path = tmp_path / "memory.jsonl"
+    with MemoryLog(log_path, source="doctor", header=False) as log:
+        start(log, 9, source="doctor")
+        for i in range(6):
+            log.write("sample", pid=9, t=T0 + i, rss_anon=300 * MiB, rss_file=9 * MiB)
+        log.write("verdict", pid=9, t=T0 + 7, verdict="stable", headline="stable: level",
+                  explanation="x", fix="Nothing to fix: `memfit doctor -- python t.py` "
+                                       "measures what holds it.")
+        log.write("findings", pid=8, t=T0 + 8, kinds=["allocator-retention"],
+                  bytes=[230 * MiB], steps=30)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == ("memfit doctor found allocator-retention (about 230.0 MiB "
+                                    "at stake); its report is in doctor.json here")
+    page = (tmp_path / "report.html").read_text()
+    assert "measures what holds it" not in page and "See memfit doctor&#x27;s findings" in page
+    assert "allocator-retention (about 230.0 MiB at stake)" in page

@@ -33,4 +33,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {result.png}")
     for line in result.headline.splitlines():
         print(f"verdict: {line}")
+    if result.doctor:
+        print(result.doctor)
     return 0

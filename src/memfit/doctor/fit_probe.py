@@ -384,7 +384,8 @@ def deadline_passed() -> None:
 
 def _verdict(st: _State) -> dict | None:
     from memfit.memory.allocator import malloc_trim, trim_available
-    from memfit.memory.classifier import classify
+    from memfit.memory.classifier import classify, explained
+    from memfit.sizes import format_size
 
     warmup = 1
     if len(st.epoch_rss) >= MIN_EPOCH_VALUES:
@@ -408,8 +409,18 @@ def _verdict(st: _State) -> dict | None:
                        trim_probe=malloc_trim if trim_available() else None,
                        held=None if free is None or None in free else free,
                        in_use=None if used is None or None in used else used)
-    return {**verdict.to_record(), "basis": basis, "steps_per_value": unit,
-            "per_step": verdict.slope / unit if unit else None, "values": values}
+    record = {**verdict.to_record(), "basis": basis, "steps_per_value": unit,
+              "per_step": verdict.slope / unit if unit else None, "values": values}
+    if basis == "steps":
+        # said in steps, as the doctor says it: `memfit report` of a doctor's workdir read
+        # "+8.0 MiB/epoch over 10 epochs" of 40 steps in one epoch
+        per_epochs = (f"{format_size(verdict.slope, signed=True)}/epoch over "
+                      f"{verdict.epochs} epochs")
+        in_steps = (f"{format_size(verdict.slope / unit, signed=True)}/step over "
+                    f"{len(st.step_rss)} training steps")
+        record.update(headline=verdict.headline.replace(per_epochs, in_steps),
+                      explanation=explained(verdict, "steps"))
+    return record
 
 
 def _kept(st: _State) -> dict | None:

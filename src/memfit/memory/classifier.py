@@ -38,7 +38,7 @@ from memfit.sizes import format_size
 
 __all__ = ["Verdict", "classify", "classify_release", "theil_sen", "too_short",
            "EXPLANATIONS", "KINDS", "TOO_SHORT", "MIN_VALUES", "MIN_GROWTH", "KEPT_MIN",
-           "KEPT_SHARE", "RETENTION_FIX", "LEAK_CAUSES"]
+           "KEPT_SHARE", "RETENTION_FIX", "LEAK_CAUSES", "explained"]
 
 MIN_VALUES = 4                  # epoch-end values after warm-up needed to judge at all
 TOO_SHORT = "too-short"         # the verdict on a run too short to judge
@@ -97,6 +97,46 @@ EXPLANATIONS = {
         f"Train for more epochs (at least {MIN_VALUES} after warmup_epochs) or lower "
         "warmup_epochs."),
 }
+
+# A verdict's first sentence where its values are not epoch ends: slices of a run's
+# steady time seen from outside (memfit watch, memfit run), or of its training steps
+# (memfit doctor's probe). A stranger's report read "at the end of each epoch" of a run
+# with no epoch.
+_OVER = {
+    "time": {
+        "stable": "Anonymous RSS stays level through the run's steady time (after its "
+                  "start-up and warm-up): nothing accumulates while it runs.",
+        "warm-up": "Anonymous RSS grew early in the run's steady time and has been level "
+                   "since: caches, traces, allocator pools and pipeline buffers filling up "
+                   "once. This is not a leak.",
+        "leak": "Anonymous RSS keeps growing through the run's steady time: something "
+                "holds references. " + LEAK_CAUSES},
+    "steps": {
+        "stable": "Memory stays level from training step to training step: nothing "
+                  "accumulates as training goes on.",
+        "warm-up": "Memory grew in the first training steps and has been level since: "
+                   "caches, tf.function traces, allocator pools and pipeline buffers filling "
+                   "up once. This is not a leak.",
+        "leak": "Memory keeps growing step after step: something holds references. "
+                + LEAK_CAUSES},
+}
+
+
+def explained(verdict: Verdict, basis: str) -> str:
+    """``verdict``'s explanation in the words of what was judged: ``"epochs"`` (as it is),
+    ``"time"`` (slices of a run's steady time) or ``"steps"`` (slices of its training
+    steps); what the verdict adds after its first sentence (a probe's result) is kept.
+
+    Example:
+        >>> explained(classify([100, 100, 100, 100, 100, 100]), "time")[:40]
+        'Anonymous RSS stays level through the ru'
+    """
+    said, kind = verdict.explanation, verdict.kind
+    first = EXPLANATIONS.get(kind, ("",))[0]
+    if basis == "epochs" or kind not in _OVER.get(basis, {}) or not said.startswith(first):
+        return said
+    return _OVER[basis][kind] + said[len(first):]
+
 
 _UNITS = {"epochs": "epoch ends after the warm-up",
           "s": "s of steady time after the start-up and warm-up",

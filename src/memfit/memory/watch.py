@@ -57,13 +57,12 @@ from typing import TextIO
 from memfit import checks
 from memfit.env import WORKDIR_ENV
 from memfit.memory.classifier import (
-    EXPLANATIONS,
-    LEAK_CAUSES,
     MIN_GROWTH,
     MIN_VALUES,
     TOO_SHORT,
     Verdict,
     classify,
+    explained,
     theil_sen,
     too_short,
 )
@@ -104,16 +103,6 @@ SHORT_FIX = (f"Watch a longer run: from outside, memfit needs at least {MIN_STEA
              f"--interval for a short run). Or write epoch_end events with "
              f"memfit.MemoryMonitor(WORKDIR) in the script: epochs are judged instead.")
 
-# A verdict judged on the steady time's slices, not on epoch ends, explained as such.
-_OVER_TIME = {
-    "stable": "Anonymous RSS stays level through the run's steady time (after its start-up "
-              "and warm-up): nothing accumulates while it runs.",
-    "warm-up": "Anonymous RSS grew early in the run's steady time and has been level since: "
-               "caches, traces, allocator pools and pipeline buffers filling up once. This "
-               "is not a leak.",
-    "leak": "Anonymous RSS keeps growing through the run's steady time: something holds "
-            "references. " + LEAK_CAUSES,
-}
 
 @dataclasses.dataclass(frozen=True)
 class WatchResult:
@@ -495,11 +484,7 @@ class OutsideVerdict:
     def explanation(self) -> str:
         """The verdict's paragraph, in the words of what was judged: epoch ends, or the
         steady time (a stranger's report read "at the end of each epoch" with 0 epochs)."""
-        said, kind = self.verdict.explanation, self.verdict.kind
-        if self.basis == "epochs" or kind not in _OVER_TIME or \
-                not said.startswith(EXPLANATIONS[kind][0]):
-            return said
-        return _OVER_TIME[kind] + said[len(EXPLANATIONS[kind][0]):]   # with what it adds
+        return explained(self.verdict, "epochs" if self.basis == "epochs" else "time")
 
     def to_record(self) -> dict:
         """Fields for a ``verdict`` event of the log."""

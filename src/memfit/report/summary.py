@@ -17,9 +17,10 @@ import dataclasses
 from memfit.memory.classifier import EXPLANATIONS, MIN_VALUES, TOO_SHORT, classify
 from memfit.memory.log import Event
 from memfit.report.data import ProcessData, RunData, anon, number
-from memfit.sizes import format_count
+from memfit.sizes import format_count, format_size
 
-__all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "MIN_EPOCHS"]
+__all__ = ["ProcessSummary", "VerdictSummary", "summarize", "verdicts", "doctor_findings",
+           "MIN_EPOCHS"]
 
 MIN_EPOCHS = MIN_VALUES + 1  # epoch ends (one of warm-up) before the classifier is asked
 
@@ -124,6 +125,39 @@ def _device(v: VerdictSummary) -> VerdictSummary:
     return dataclasses.replace(v, headline=f"device memory: {v.headline}")
 
 
+def doctor_findings(data: RunData) -> str | None:
+    """What ``memfit doctor`` found in this log's run, in one line (its last ``findings``
+    event), or ``None`` when the doctor did not run here.
+
+    Args:
+        data: the run, from :func:`memfit.report.load`.
+    """
+    found = data.events(Event.FINDINGS)
+    if not found:
+        return None
+    last = found[-1]
+    kinds, sizes = list(last.get("kinds") or []), list(last.get("bytes") or [])
+    if not kinds:
+        return "memfit doctor found no memory problem in this run"
+    sizes += [None] * (len(kinds) - len(sizes))
+    return "memfit doctor found " + ", ".join(
+        f"{k} (about {format_size(b)} at stake)" if isinstance(b, int | float) else str(k)
+        for k, b in zip(kinds, sizes, strict=True)) + "; its report is in doctor.json here"
+
+
+def _with_findings(v: VerdictSummary, findings: str | None) -> VerdictSummary:
+    """A verdict of a run the doctor measured: with the doctor's findings, and without a
+    fix that says to run the doctor (a stranger's report of a doctor's workdir read
+    "Nothing to fix ... memfit doctor measures what holds it" beside a 219 MiB finding)."""
+    if findings is None:
+        return v
+    fix = v.fix if "memfit doctor" not in v.fix else (
+        "See memfit doctor's findings (above): they say what holds the memory, and what to "
+        "do about it.")
+    return dataclasses.replace(v, note=" ".join(filter(None, (v.note, f"{findings}."))),
+                               fix=fix)
+
+
 def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
     """The verdict(s) on a run.
 
@@ -132,8 +166,17 @@ def verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
     process with at least ``MIN_EPOCHS`` (5) ``epoch_end`` events is classified from its
     anonymous RSS at those epoch ends (``warmup_epochs`` from the ``start`` event, else the
     classifier's default). Without those either, a single ``too-short`` verdict says why
-    nothing can be judged.
+    nothing can be judged. Where ``memfit doctor`` ran (a ``findings``
+    event), each verdict carries its findings in its note, and a fix that says to run the
+    doctor points to them instead.
     """
+    found = _verdicts(data)
+    findings = doctor_findings(data)
+    return tuple(_with_findings(v, findings) for v in found)
+
+
+def _verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
+    """:func:`verdicts` without the doctor's findings."""
     every = data.events(Event.VERDICT)
     logged = [e for e in every if e.get("scope") != "device"]
     device = [e for e in every if e.get("scope") == "device"]

@@ -17,7 +17,13 @@ from memfit.atomic import write_text_atomic
 from memfit.errors import MemfitError
 from memfit.report.data import load
 from memfit.report.page import render
-from memfit.report.summary import ProcessSummary, VerdictSummary, summarize, verdicts
+from memfit.report.summary import (
+    ProcessSummary,
+    VerdictSummary,
+    doctor_findings,
+    summarize,
+    verdicts,
+)
 from memfit.report.timeline_plot import timeline
 from memfit.workdir import LOG_NAME, Workdir
 
@@ -33,12 +39,14 @@ class ReportResult:
         png: the timeline image (also embedded in the HTML).
         summary: one :class:`~memfit.report.summary.ProcessSummary` per process.
         verdicts: the verdict(s) shown in the report.
+        doctor: what ``memfit doctor`` found, in one line, where it ran on this log.
     """
 
     html: Path
     png: Path
     summary: tuple[ProcessSummary, ...]
     verdicts: tuple[VerdictSummary, ...]
+    doctor: str | None = None
 
     @property
     def headline(self) -> str:
@@ -110,4 +118,4 @@ def write_report(source: str | os.PathLike,
     except OSError as e:
         raise MemfitError(f"Cannot write the report to {str(html_path)!r}: "
                           f"{e.strerror or e}. Choose a writable path with -o/output=.") from None
-    return ReportResult(html_path, png_path, summary, judged)
+    return ReportResult(html_path, png_path, summary, judged, doctor_findings(data))
