@@ -294,3 +294,33 @@ def test_an_appending_csv_logger_killed_before_the_first_checkpoint_repeats_no_r
     assert [line.split(",")[0] for line in log.read_text().splitlines()] == \
         ["epoch", "9", "0", "1"]
     assert not (tmp_path / "wd" / "checkpoints" / callback_state.CSV_START).exists()
+
+
+def test_a_tf_data_pipeline_that_reshuffles_each_epoch_is_warned_about_once(tmp_path,
+                                                                             capsys):
+    """A stranger's own `tf.data` pipeline with `.shuffle()` resumed with its first epoch's
+    order again after each restart, and nothing was said: his restarted run trained 20
+    epochs where the same run without a restart was stopped after 16."""
+    import tensorflow as tf
+
+    x, y = np.zeros((16, 4), "float32"), np.zeros((16, 1), "float32")
+    plain = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    fixed = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(16, seed=1,
+                                                               reshuffle_each_iteration=False)
+    reshuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(16).batch(8).map(
+        lambda a, b: (a, b)).prefetch(1)
+    packed = tmp_path / "packed"
+    memfit.pack({"x": x, "y": y}, packed, progress=False)
+    cases = (("plain", plain, "a", 1), ("fixed", fixed.batch(8), "b", 1),
+             ("memfit's", memfit.dataset(packed, 8, features=("x", "y")), "c", 1),
+             ("reshuffled", reshuffled, "d", 1),
+             ("reshuffled, resumed", reshuffled, "d", 2))     # its checkpoint knows
+    for name, data, workdir, epochs in cases:
+        with memfit.session(tmp_path / workdir, seed=1, verbose=0) as s:
+            _model().fit(data, epochs=epochs, callbacks=[s.callback], verbose=0)
+        warned = [line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("memfit: warning: fit reads a tf.data pipeline")]
+        assert len(warned) == (name == "reshuffled"), (name, warned)
+        if warned:
+            assert "s.dataset(...)" in warned[0] and "reshuffle_each_iteration=False" in \
+                warned[0]

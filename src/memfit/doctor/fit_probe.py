@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from memfit.atomic import write_text_atomic
+from memfit.data.pipeline import is_dataset
 from memfit.doctor.arrays import fit_arrays, memfit_buffers, resident_arrays
 from memfit.doctor.facts import PROBE_FORMAT, ProbeResults
-from memfit.doctor.pipeline import inspect_dataset, is_dataset
+from memfit.doctor.pipeline import inspect_dataset
 from memfit.env import (
     DOCTOR_DIR_ENV,
     DOCTOR_EPOCHS_ENV,

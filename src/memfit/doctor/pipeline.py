@@ -26,9 +26,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["Buffer", "PipelineInfo", "inspect_dataset", "element_bytes", "is_dataset"]
+from memfit.data.pipeline import is_dataset, nodes
 
-MAX_NODES = 1000
+__all__ = ["Buffer", "PipelineInfo", "inspect_dataset", "element_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +93,6 @@ class PipelineInfo:
                    data.get("batch_size"), tuple(data.get("transformations", ())))
 
 
-def is_dataset(value: Any) -> bool:
-    """Whether ``value`` is a ``tf.data.Dataset`` (without importing TensorFlow)."""
-    return any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow")
-               for c in type(value).__mro__)
-
-
 def _specs(structure: Any) -> Iterator[Any]:
     import tensorflow as tf
 
@@ -142,36 +136,6 @@ def _int(tensor: Any) -> int | None:
         return None
 
 
-def _inputs(ds: Any) -> Iterator[Any]:
-    for name, value in vars(ds).items():
-        if name in ("_structure", "_graph_attr", "_options_attr", "_variant_tensor_attr"):
-            continue
-        if is_dataset(value):
-            yield value
-        elif isinstance(value, list | tuple):
-            import tensorflow as tf
-
-            for item in tf.nest.flatten(value):
-                if is_dataset(item):
-                    yield item
-
-
-def _nodes(ds: Any) -> list[Any]:
-    """The pipeline's datasets, source first (inputs before the transformations on them)."""
-    order, seen, stack = [], set(), [(ds, False)]
-    while stack and len(seen) < MAX_NODES:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((child, False) for child in _inputs(node))
-    return order
-
-
 def inspect_dataset(ds: Any) -> PipelineInfo:
     """Reads the buffers and in-memory tensors of a ``tf.data`` pipeline.
 
@@ -186,7 +150,7 @@ def inspect_dataset(ds: Any) -> PipelineInfo:
                          f"{type(ds).__name__}")
     buffers, tensors, names = [], [], []
     tensors_bytes, batch_size = 0, None
-    for node in _nodes(ds):
+    for node in nodes(ds):
         kind = type(node).__name__.lstrip("_").replace("Dataset", "") or "Dataset"
         names.append(kind)
         if kind in ("TensorSlice", "Tensor") and hasattr(node, "_tensors"):

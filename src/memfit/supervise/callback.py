@@ -37,6 +37,7 @@ import keras
 import numpy as np
 
 from memfit import exitcodes
+from memfit.data.pipeline import is_dataset, reshuffles
 from memfit.memory.log import Event, MemoryLog
 from memfit.memory.probe import sample
 from memfit.sizes import format_count
@@ -264,8 +265,27 @@ class SessionCallback(keras.callbacks.Callback):
         if s.verbose and ckpt is not None:
             print(f"memfit: resuming from {ckpt.path.name} at {where(epoch, step)} "
                   f"(seed {s.seed})", file=sys.stderr)
+        self._check_data()
         if s.preempted:                 # nothing trained since that checkpoint
             self._exit(s.pending_restart() or "preempted")
+
+    def _check_data(self) -> None:
+        """Warns, once, where fit reads a ``tf.data`` pipeline of the user's that
+        reshuffles each epoch: its order is not in the checkpoint, so a restart reads its
+        first epoch's order again (a stranger's run trained 20 epochs where the same run
+        without a restart was stopped after 16, with nothing said)."""
+        name = "fit's data (a tf.data .shuffle)"
+        if name in self._warned:
+            return
+        x = _fit_argument("x")
+        if x is None or not is_dataset(x) or not reshuffles(x):
+            return
+        self._warned.add(name)
+        print("memfit: warning: fit reads a tf.data pipeline whose .shuffle() reshuffles "
+              "each epoch; its order is not in the checkpoint, so after a restart it reads "
+              "its first epoch's order again, and the resume is inexact from there. Read "
+              "the data with s.dataset(...) (memfit.dataset at epoch=s.epoch), or shuffle "
+              "with reshuffle_each_iteration=False, for an exact resume.", file=sys.stderr)
 
     def release(self) -> None:
         """Gives SIGTERM back its previous handler (the session's end does this; so does
@@ -495,3 +515,19 @@ class SessionCallback(keras.callbacks.Callback):
             history.history = {k: list(v) for k, v in self.session.history.items()}
             length = max((len(v) for v in history.history.values()), default=0)
             history.epoch = list(range(length))
+
+
+def _fit_argument(name: str) -> Any:
+    """An argument of the ``fit`` call this callback runs in (Keras hands a callback the
+    model, not the data): read from the frame of Keras's ``fit`` up the stack, or
+    ``None``."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name == "fit" and "keras" in code.co_filename \
+                and "trainer" in code.co_filename:
+            return frame.f_locals.get(name)
+        frame = frame.f_back
+    return None
