@@ -229,6 +229,23 @@ def test_a_deterministic_failure_stops_after_one_retry(data, tmp_path, monkeypat
     assert stops and "twice in a row" in stops[-1]["reason"]
 
 
+def test_sigterms_sent_to_the_training_from_outside_are_restarted_not_called_a_loop(
+        tmp_path):
+    """A stranger's two SIGTERMs to the training during its start-up stopped the run with
+    "killed (SIGTERM) twice in a row ... it will not go away by restarting"."""
+    script = tmp_path / "term.py"
+    script.write_text(f"import os, signal, pathlib\n"
+                      f"n = pathlib.Path({str(tmp_path / 'count')!r})\n"
+                      f"runs = int(n.read_text()) + 1 if n.exists() else 1\n"
+                      f"n.write_text(str(runs))\n"
+                      f"if runs <= 2:\n"
+                      f"    os.kill(os.getpid(), signal.SIGTERM)\n")
+    result = memfit.run([sys.executable, str(script)], workdir=tmp_path / "wd",
+                        backoff=0.0, out=False)
+    assert result.finished, result.stop_reason
+    assert [c.cause for c in result.children] == ["killed", "killed", "finished"]
+
+
 HOG = [sys.executable, "-c",
        "import time\nx = []\nfor _ in range(4000):\n    x.append(bytearray(2**20))\n"
        "    time.sleep(0.005)\n"]

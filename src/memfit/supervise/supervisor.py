@@ -534,6 +534,11 @@ def _describe(child: ChildRun) -> str:
     return f"process {child.pid} ended: {child.cause} ({child.reason})"
 
 
+# Exit statuses of a process ended by a SIGTERM or a SIGINT (as Popen and a shell give them).
+_SENT_FROM_OUTSIDE = {-signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT,
+                      128 + signal.SIGINT}
+
+
 def _repeated(children: Sequence[ChildRun]) -> str | None:
     """A stop reason when the last two processes failed the same way at the same place."""
     if len(children) < 2:
@@ -541,6 +546,11 @@ def _repeated(children: Sequence[ChildRun]) -> str | None:
     a, b = children[-2], children[-1]
     same = (a.cause, a.exit_code, a.ended_at) == (b.cause, b.exit_code, b.ended_at)
     if not same or b.progressed:
+        return None
+    if b.cause == Cause.KILLED and b.exit_code in _SENT_FROM_OUTSIDE:
+        # a SIGTERM or SIGINT someone sent the training: not a failure that repeats by
+        # itself (a stranger's two SIGTERMs during the start-up were called one "it will
+        # not go away by restarting"); --max-restarts still bounds them
         return None
     if b.cause == Cause.RESTART and b.reason == "max-rss":
         return (f"two restarts for --max-rss in a row made no progress past "
