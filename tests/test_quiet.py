@@ -61,8 +61,12 @@ def test_the_tfrecord_readers_first_line_is_noise_and_its_errors_are_not():
 
 def test_the_line_filter_passes_progress_at_once_and_holds_what_may_be_noise():
     f = LineFilter()
-    assert f.feed(b" 10%|#") == b" 10%|#" and not f.pending       # a progress bar: at once
+    assert f.feed(b"\r 10%|#") == b"\r 10%|#" and not f.pending   # a progress bar: at once
     assert f.feed(b"#\r 20%|##\n") == b"#\r 20%|##\n"
+    # a line written in two parts waits for its end: the other stream's line is not
+    # spliced into it (a stranger's "memfit: resuming ... (seed 7)Epoch 2/20")
+    assert f.feed(b"memfit: resuming from ckpt-000000 (seed 7)") == b"" and f.pending
+    assert f.feed(b"\n") == b"memfit: resuming from ckpt-000000 (seed 7)\n"
     mixed = "".join(a + b for a, b in zip(STARTUP.splitlines(True), KEPT.splitlines(True),
                                           strict=False)).encode()
     out = b"".join(f.feed(mixed[i:i + 7]) for i in range(0, len(mixed), 7))

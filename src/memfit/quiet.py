@@ -137,13 +137,8 @@ NOISE = tuple(re.compile(p) for p in (
                   r"jaxlib or libtpu is not installed\. Falling back to \w+\.$",
 ))
 
-# What a noise line may start with: a partial line that could still become one is held
-# back until its end arrives (or HOLD_SECONDS pass), anything else is passed on at once.
-_STARTS = re.compile(r"[IWE]\d{0,4}(?: |$)|\d{1,4}(?:-|$)")
-_FIXED_STARTS = ("WARNING: All log messages before absl::InitializeLog()",
-                 "To enable the following instructions:", f"INFO:{_JAX_LOGGER}:",
-                 f"WARNING:{_JAX_LOGGER}:", "Unable to initialize backend 'tpu'",
-                 "An NVIDIA GPU may be present", "A Google TPU may be present")
+# The start of a line is held back until its end arrives, up to this many bytes, or
+# HOLD_SECONDS without more (LineFilter).
 _HOLD_BYTES = 8192
 HOLD_SECONDS = 0.2
 _DRAIN_SECONDS = 1.0        # how long wait() waits for the filter to pass on the last lines
@@ -180,25 +175,20 @@ def strip_noise(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not is_noise(line))
 
 
-def _may_become_noise(start: str) -> bool:
-    """Whether a line that starts with ``start`` could be a noise line."""
-    return bool(_STARTS.match(start)) or any(s.startswith(start) or start.startswith(s)
-                                             for s in _FIXED_STARTS)
-
-
 class LineFilter:
     """Takes TensorFlow's start-up lines out of a byte stream, as it arrives.
 
-    Whole lines are passed on or dropped; the start of a line that cannot become a noise
-    line (a progress bar, a prompt) is passed on at once, one that could is held until its
-    end arrives or :meth:`flush` is called.
+    Whole lines are passed on or dropped; the start of a progress bar's line (a ``\\r`` or
+    ``\\b`` in it) is passed on at once, the start of any other line is held until its
+    end arrives or :meth:`flush` is called (the filter's thread flushes it after
+    :data:`HOLD_SECONDS` without more).
 
     Example:
         >>> f = LineFilter()
         >>> f.feed(b"step 1\\nWARNING: All log messages before absl::InitializeLog() is ")
         b'step 1\\n'
-        >>> f.feed(b"called are written to STDERR\\n10%|#")
-        b'10%|#'
+        >>> f.feed(b"called are written to STDERR\\n\\r10%|#")
+        b'\\r10%|#'
     """
 
     def __init__(self) -> None:
@@ -221,8 +211,11 @@ class LineFilter:
         while data:
             end = data.find(b"\n")
             if end < 0:
-                text = data.decode("utf-8", "replace")
-                if self._passing or len(data) > _HOLD_BYTES or not _may_become_noise(text):
+                # A progress bar ('\r') goes on at once; any other start of a line waits for
+                # its end (or HOLD_SECONDS): it may be noise, and a line written in two parts
+                # ("text", then "\n") came out with the other stream's line spliced in (a
+                # stranger's "memfit: resuming ... (seed 7)Epoch 2/20" under memfit run).
+                if self._passing or len(data) > _HOLD_BYTES or b"\r" in data or b"\b" in data:
                     out.append(data)
                     self._passing = True
                 else:
