@@ -324,3 +324,18 @@ def test_a_tf_data_pipeline_that_reshuffles_each_epoch_is_warned_about_once(tmp_
         if warned:
             assert "s.dataset(...)" in warned[0] and "reshuffle_each_iteration=False" in \
                 warned[0]
+
+
+def test_an_initial_epoch_other_than_the_sessions_is_refused(tmp_path):
+    """A stranger's fit(initial_epoch=2) read data epoch 0 at fit's epoch 2 and, after a
+    restart, data epoch 5 at fit's epoch 5: another order, silently."""
+    x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
+    with memfit.session(tmp_path / "wd", seed=1, verbose=0) as s:
+        with pytest.raises(SessionConfigError, match=r"fit\(initial_epoch=2\) beside "
+                                                     r"memfit.session\(\).*initial_epoch=s.epoch"):
+            _model().fit(x, y, epochs=4, initial_epoch=2, callbacks=[s.callback], verbose=0)
+    with memfit.session(tmp_path / "wd2", seed=1, verbose=0) as s:     # s.epoch: accepted
+        _model().fit(x, y, epochs=2, initial_epoch=s.epoch, callbacks=[s.callback], verbose=0)
+    with memfit.session(tmp_path / "wd2", seed=1, verbose=0) as s:
+        assert s.epoch == 2
+        _model().fit(x, y, epochs=3, initial_epoch=s.epoch, callbacks=[s.callback], verbose=0)

@@ -155,6 +155,16 @@ class SessionCallback(keras.callbacks.Callback):
             return
         self._ckpt = self.session.store.recover()
         saved = self._ckpt.contents if self._ckpt is not None else None
+        at = saved.epoch if saved is not None else 0
+        given = _fit_argument("initial_epoch")
+        if isinstance(given, int) and given not in (0, at):
+            # a stranger's fit(initial_epoch=2) trained data epoch 0 at fit's epoch 2, and
+            # after a restart data epoch 5 at fit's epoch 5: another order
+            raise SessionConfigError(
+                f"fit(initial_epoch={given}) beside memfit.session(): the session starts fit "
+                f"where its checkpoint left off (epoch {at + 1} here) and orders s.dataset "
+                f"by that epoch, so another start would resume on another order. Leave "
+                f"initial_epoch out, or pass initial_epoch=s.epoch.")
         if saved is not None and saved.callbacks is not None:
             self._csv_undo = callback_state.prepare_csv_loggers(callbacks.callbacks,
                                                                 saved.callbacks)
