@@ -119,6 +119,9 @@ def test_too_few_epochs_are_said_so(tmp_path, capsys):
     assert [(v.kind, v.origin) for v in result.verdicts] == [("too-short", "too-few-epochs")]
     assert "had 2 (too few epochs in one process)" in result.headline
     assert "at least 5" in result.html.read_text()
+    # it did record epoch ends: it is told about epochs a process, not to record them
+    assert "Record epoch ends" not in result.verdicts[0].fix
+    assert "--restart-every N" in result.verdicts[0].fix
 
 
 def test_a_log_without_epoch_ends_is_not_said_to_have_too_few(tmp_path):

@@ -207,6 +207,12 @@ def _verdicts(data: RunData) -> tuple[VerdictSummary, ...]:
         TOO_SHORT, f"too short to judge: needs ≥ {MIN_EPOCHS} epoch ends in one process, "
                    + ("the log has none (no MemoryMonitor)" if most == 0 else
                       f"had {most} (too few epochs in one process)"), why,
-        "Record epoch ends with memfit.MemoryMonitor in model.fit and train for at least "
-        f"{MIN_EPOCHS} epochs (more after a warm-up), then run memfit report again.",
+        ("Record epoch ends with memfit.MemoryMonitor in model.fit and train for at least "
+         f"{MIN_EPOCHS} epochs (more after a warm-up), then run memfit report again."
+         if most == 0 else
+         # a stranger's run had 6 epochs, 3 a process (memfit run --restart-every 3), and
+         # was told to record epoch ends, which it did
+         f"Train for at least {MIN_EPOCHS} epochs in one process (more after a warm-up): "
+         f"under memfit run --restart-every N each process trains N epochs, so give N ≥ "
+         f"{MIN_EPOCHS} for the report to judge the trend; then run memfit report again."),
         None, "too-few-epochs"),)
