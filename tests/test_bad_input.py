@@ -187,3 +187,32 @@ def test_a_wrong_argument_is_one_line_naming_it(tmp_path, monkeypatch, call, err
     assert str(e.value) == said
     assert not (tmp_path / "never-made").exists()                  # nothing made first
     assert memfit.format_size(np.int64(2048)) == "2.0 KiB"          # numpy numbers are numbers
+
+
+def test_a_backend_or_an_option_the_estimate_cannot_serve_is_one_line(tmp_path):
+    """A stranger's KERAS_BACKEND=torch (not installed) got a 59-line traceback from inside
+    Keras; on JAX, --allocator fixed was ignored in silence, and --device gpu:0 on a CPU
+    machine printed the CPU's figures under gpu:0 (find-batch-size a CPU batch size)."""
+    model = tmp_path / "m.py"
+    model.write_text("import keras\n\ndef mlp():\n    return keras.Sequential([keras.Input((4,)), "
+                     "keras.layers.Dense(2)])\n")
+    cases = [("torch", ["estimate", f"{model}:mlp", "-b", "8"],
+              "memfit estimate: error: memfit estimates training memory on Keras's TensorFlow "
+              "or JAX backend, and Keras is set to run on torch here: set "
+              "KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax. Received: KERAS_BACKEND=torch"),
+             ("torch", ["calibrate"], "memfit calibrate: error: memfit calibrate runs on "
+                                      "Keras's TensorFlow or JAX backend"),
+             ("jax", ["estimate", f"{model}:mlp", "-b", "8", "--allocator", "fixed"],
+              "memfit estimate: error: --allocator fixed applies to the estimate on "
+              "TensorFlow"),
+             ("jax", ["estimate", f"{model}:mlp", "-b", "8", "--device", "gpu:0"],
+              "memfit estimate: error: --device gpu:0, but JAX runs on the cpu here (it sees "
+              "no GPU)")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MEMFIT_CACHE_DIR": str(tmp_path / "cache")}
+    for backend, argv, said in cases:
+        p = subprocess.run([sys.executable, "-m", "memfit", *argv], capture_output=True,
+                           text=True, timeout=300, env={**env, "KERAS_BACKEND": backend})
+        assert p.returncode == 2, (argv, p.stderr[-2000:])
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith(said), (argv, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr, p.stderr[-2000:]

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from memfit.errors import FrameworkMissingError
+from memfit.errors import FrameworkMissingError, MemfitError
 
 __all__ = ["require", "require_for_data", "require_for_training", "keras_backend",
            "TENSORFLOW_EXTRA", "KERAS_EXTRA"]
@@ -121,7 +121,12 @@ def require_for_training(what: str) -> str:
     if backend == "tensorflow":
         require("tensorflow", what, TENSORFLOW_EXTRA)
         return backend
-    if backend == "jax":
-        require("jax", f"{what} on Keras's JAX backend", KERAS_EXTRA)
+    if backend != "jax":
+        # said before Keras is imported: KERAS_BACKEND=torch without torch was a 59-line
+        # traceback from inside Keras
+        raise MemfitError(f"{what} runs on Keras's TensorFlow or JAX backend, and Keras is "
+                          f"set to run on {backend} here: set KERAS_BACKEND=tensorflow or "
+                          f"KERAS_BACKEND=jax. Received: KERAS_BACKEND={backend}")
+    require("jax", f"{what} on Keras's JAX backend", KERAS_EXTRA)
     require("keras", f"{what} on Keras's {backend} backend", KERAS_EXTRA)
     return backend

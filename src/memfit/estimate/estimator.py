@@ -334,9 +334,24 @@ def estimator_for(model: Any, *, allocator: str = "default", onednn: bool | None
         **kwargs: ``optimizer``, ``dtype_policy``, ``input_shape``, ``dataset_budget``,
             ``device``.
     """
-    if keras_backend() == "jax":
+    backend = keras_backend()
+    if backend not in ("tensorflow", "jax"):
+        # before Keras is imported: a missing torch was a 59-line traceback
+        raise EstimateError(f"memfit estimates training memory on Keras's TensorFlow or JAX "
+                            f"backend, and Keras is set to run on {backend} here: set "
+                            f"KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax. Received: "
+                            f"KERAS_BACKEND={backend}")
+    if backend == "jax":
         with input_errors():
             check_allocator(allocator)
+        if allocator != "default":
+            # glibc's policy moves the TensorFlow estimate's host memory; XLA's buffer
+            # assignment does not depend on it (a stranger's --allocator fixed was ignored)
+            raise EstimateError(f"allocator={allocator!r} applies to the estimate on "
+                                f"TensorFlow (glibc's policy for its host memory); on JAX the "
+                                f"estimate is XLA's buffer assignment, which no allocator "
+                                f"policy moves: leave it out. Received: allocator="
+                                f"{allocator!r}")
         return XlaEstimator(model, **kwargs)
     return Estimator(model, allocator=allocator, onednn=onednn, **kwargs)
 

@@ -261,6 +261,18 @@ class XlaEstimator:
         self._programs: dict[int, Any] = {}
         self._compile_peaks: dict[int, int] = {}
         self.baseline, self.baseline_source = framework_baseline(self.device)
+        import jax
+
+        runs_on = jax.devices()[0].platform
+        if self.device.startswith("gpu") and runs_on != "gpu":
+            # the step compiles for the platform JAX runs on: a stranger's --device gpu:0
+            # on a CPU machine printed the CPU's figures under gpu:0, and find-batch-size
+            # a CPU batch size as the GPU's
+            raise EstimateError(
+                f"device={self.device!r}, but JAX runs on the {runs_on} here (it sees no "
+                f"GPU): the estimate on JAX compiles the training step for the device JAX "
+                f"runs on, so it would be the {runs_on}'s. Run it on the machine with the "
+                f"GPU, or give device='cpu'.")
         self.platform = self.step(1).platform
         self.band = XLA_BANDS[self.platform]
         if self.platform == "gpu":
