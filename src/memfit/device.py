@@ -201,11 +201,32 @@ def _jax_started() -> bool:
         return True
 
 
+def _jax_may_use_a_gpu() -> bool:
+    """Whether JAX here could run on a GPU, asked without starting it: ``JAX_PLATFORMS``
+    names one (or is not set), and a CUDA or ROCm plugin of JAX is installed."""
+    import pkgutil
+
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
+        return False
+    return any(m.name.startswith(("jax_cuda", "jax_rocm")) for m in pkgutil.iter_modules())
+
+
 def _configure_jax(limit: int | None, grow: bool | None, source: str) -> DeviceConfig:
     """On Keras's JAX backend: JAX takes its cap from its own variables, read when it
     starts its GPU backend: no preallocation (growth, or any cap) and the cap as a share
     of the card (``XLA_PYTHON_CLIENT_MEM_FRACTION``, which ``memfit share`` hands its
     jobs, computed from the card it sees)."""
+    if not _jax_may_use_a_gpu():
+        # as on TensorFlow: nothing to do, said (a stranger's cap on a CPU machine raised
+        # about XLA_PYTHON_CLIENT_MEM_FRACTION, and growth said "on" with no GPU)
+        wanted = f"a cap of {format_size(limit)}" if limit is not None else \
+            f"memory growth {'on' if grow else 'off'}"
+        message = (f"configure_device: JAX here has no GPU to run on (no CUDA or ROCm plugin, "
+                   f"or JAX_PLATFORMS without one), so {wanted} does nothing on the CPU (CPU "
+                   f"memory is enforced from outside: memfit share watches each job's RSS)")
+        log.info(message)
+        return DeviceConfig(limit, grow, source, (), False, message)
     fraction = os.environ.get(XLA_MEM_FRACTION_ENV)
     if limit is not None and fraction is None:
         raise DeviceConfigError(

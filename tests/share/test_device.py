@@ -242,6 +242,7 @@ def test_on_jax_the_share_s_fraction_is_kept_and_preallocation_turned_off(monkey
     import memfit.device as device
 
     monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setattr(device, "_jax_may_use_a_gpu", lambda: True)      # a GPU machine
     monkeypatch.setattr(device, "_jax_started", lambda: False)
     monkeypatch.setenv("MEMFIT_GPU_MEMORY_LIMIT", "4GiB")
     monkeypatch.setenv(device.XLA_MEM_FRACTION_ENV, "0.0285")
@@ -258,6 +259,7 @@ def test_on_jax_a_cap_without_the_share_of_the_card_is_one_clear_error(monkeypat
     import memfit.device as device
 
     monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setattr(device, "_jax_may_use_a_gpu", lambda: True)      # a GPU machine
     monkeypatch.delenv(device.XLA_MEM_FRACTION_ENV, raising=False)
     with pytest.raises(DeviceConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION.*Received: "
                                                 "memory_limit=2147483648"):
@@ -268,12 +270,31 @@ def test_on_jax_after_it_started_a_change_is_too_late(monkeypatch):
     import memfit.device as device
 
     monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setattr(device, "_jax_may_use_a_gpu", lambda: True)      # a GPU machine
     monkeypatch.setattr(device, "_jax_started", lambda: True)
     monkeypatch.delenv(device.XLA_PREALLOCATE_ENV, raising=False)
     with pytest.raises(DeviceConfigError, match="too late"):
         configure_device(growth=True)
     monkeypatch.setenv(device.XLA_PREALLOCATE_ENV, "false")     # already so: fine
     assert not configure_device(growth=True).applied
+
+
+def test_on_jax_without_a_gpu_a_cap_or_growth_does_nothing_and_says_so(monkeypatch):
+    """A stranger's cap on a CPU machine raised about XLA_PYTHON_CLIENT_MEM_FRACTION, and
+    growth=True said "memory growth on": TensorFlow says there is nothing to do."""
+    import memfit.device as device
+
+    monkeypatch.setattr(device, "keras_backend", lambda: "jax")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv(device.XLA_MEM_FRACTION_ENV, raising=False)
+    monkeypatch.delenv(device.XLA_PREALLOCATE_ENV, raising=False)
+    for config in (configure_device(memory_limit="1GiB"), configure_device(growth=True)):
+        assert not config.applied and config.gpus == ()
+        assert "JAX here has no GPU to run on" in config.message
+        assert "does nothing on the CPU" in config.message
+    import os
+
+    assert device.XLA_PREALLOCATE_ENV not in os.environ           # nothing set
 
 
 def test_on_pytorch_the_cap_is_its_per_process_fraction(monkeypatch):
