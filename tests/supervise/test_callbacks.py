@@ -339,3 +339,27 @@ def test_an_initial_epoch_other_than_the_sessions_is_refused(tmp_path):
     with memfit.session(tmp_path / "wd2", seed=1, verbose=0) as s:
         assert s.epoch == 2
         _model().fit(x, y, epochs=3, initial_epoch=s.epoch, callbacks=[s.callback], verbose=0)
+
+
+def test_a_resume_on_another_backend_is_said_to_be_inexact(tmp_path, monkeypatch, capsys):
+    """A stranger's JAX run, resumed on TensorFlow, went on without a word and ended on
+    weights that matched neither backend's uninterrupted run."""
+    import memfit.supervise.callback as callback
+    from memfit.supervise.snapshot import fingerprint
+
+    x, y = np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
+    monkeypatch.setattr(callback, "fingerprint", lambda m: {**fingerprint(m), "backend": "jax"})
+    with memfit.session(tmp_path / "wd", seed=1, verbose=0) as s:       # "written on JAX"
+        _model().fit(x, y, epochs=1, callbacks=[s.callback], verbose=0)
+    monkeypatch.undo()
+    capsys.readouterr()
+    seen = []
+    for epochs in (2, 3):                  # said once a run: its checkpoints know
+        with memfit.session(tmp_path / "wd", seed=1, verbose=0) as s:
+            _model().fit(x, y, epochs=epochs, callbacks=[s.callback], verbose=0)
+        said = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("memfit: warning:") and "backend" in line]
+        assert len(said) == (epochs == 2), said
+        seen += said
+    assert "written on Keras's jax backend and this process runs on tensorflow" in seen[0]
+    assert "KERAS_BACKEND=jax to resume exactly" in seen[0]

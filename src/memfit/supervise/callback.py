@@ -306,6 +306,17 @@ class SessionCallback(keras.callbacks.Callback):
     def _restore(self, ckpt: Checkpoint) -> None:
         self._restore_metrics = load_model(ckpt, self.model, self.session.workdir.path)
         saved = ckpt.contents
+        was = (saved.fingerprint or {}).get("backend")
+        now = keras.backend.backend()
+        if was is not None and was != now and "backend" not in self._warned:
+            # a stranger's JAX run resumed on TensorFlow without a word, and ended on
+            # weights that matched neither backend's uninterrupted run
+            self._warned.add("backend")
+            print(f"memfit: warning: {ckpt.path.name} was written on Keras's {was} backend "
+                  f"and this process runs on {now}: the weights and the position go back, "
+                  f"but the kernels, random generators and data feed are {now}'s, so the "
+                  f"resume is inexact. Set KERAS_BACKEND={was} to resume exactly.",
+                  file=sys.stderr)
         if saved.rng is not None:
             if saved.step and saved.epoch_rng is not None:
                 # Inside an epoch: the RNGs as the epoch began, so that it draws its data

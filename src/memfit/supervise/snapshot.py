@@ -31,7 +31,10 @@ __all__ = ["fingerprint", "mismatch", "extra_variables", "save_model", "load_mod
 
 def fingerprint(model: Any) -> dict:
     """What must match between a checkpoint and the model it is loaded into."""
-    return {"weights": [[list(v.shape), str(v.dtype)] for v in model.weights],
+    import keras
+
+    return {"backend": keras.backend.backend(),
+            "weights": [[list(v.shape), str(v.dtype)] for v in model.weights],
             "names": [v.path for v in model.weights],
             "optimizer": type(model.optimizer).__name__ if model.optimizer else None,
             "optimizer_variables": len(model.optimizer.variables) if model.optimizer else 0}
