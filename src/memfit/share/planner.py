@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import MemfitError
+from memfit.errors import FrameworkMissingError, MemfitError
 from memfit.estimate.baseline import check_device, ensure_calibration, framework_baseline
 from memfit.memory.log import LogError, check_log
 from memfit.memory.probe import nvml_devices, system_memory
@@ -206,7 +206,10 @@ def _overhead(value: Any, device: str) -> tuple[int, str]:
     # below this machine's baseline where JAX sits beside TensorFlow (263 against 220 MiB),
     # and a stranger's examples/jobs.toml had two of its jobs stopped for that difference.
     here = device == "cpu" or gpu_memory(int(device.split(":")[1])) is not None
-    baseline, source = ensure_calibration(device) if here else framework_baseline(device)
+    try:
+        baseline, source = ensure_calibration(device) if here else framework_baseline(device)
+    except FrameworkMissingError:   # no framework here to measure: jobs of any command
+        baseline, source = framework_baseline(device)
     if source == "default":
         source = f"default: run memfit calibrate{' --device ' + device if device != 'cpu' else ''}"
     return baseline, source
