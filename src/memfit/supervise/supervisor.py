@@ -53,7 +53,7 @@ from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
 from memfit.memory.watch import OutsideVerdict, judge
 from memfit.quiet import quieted
 from memfit.sizes import format_size, parse_size
-from memfit.supervise import restart_protocol, warm
+from memfit.supervise import restart_protocol, stops, warm
 from memfit.supervise.checkpoint import Checkpoint, CheckpointError, CheckpointStore, where
 from memfit.supervise.run_results import Cause, ChildRun, RunResult
 from memfit.workdir import Workdir
@@ -362,12 +362,16 @@ class _Supervisor:
         if planned:
             return None
         self.unplanned += 1
-        repeated = _repeated(self.children)
+        repeated = stops.repeated(self.children) or \
+            stops.memory_stall(self.children, self.limits.max_rss)
         if repeated:
             return repeated
         if self.unplanned > self.limits.max_restarts:
-            return (f"{self.unplanned} restarts not asked by --restart-every, more than "
-                    f"--max-restarts {self.limits.max_restarts}")
+            unasked = [c for c in self.children if not (
+                c.cause == Cause.RESTART and c.reason.startswith((PLANNED, COLD)))]
+            return (f"{self.unplanned} restarts not asked by --restart-every "
+                    f"({stops.tally(unasked)}), more than --max-restarts "
+                    f"{self.limits.max_restarts}")
         return None
 
     def restart(self, child: ChildRun) -> bool:
@@ -532,32 +536,6 @@ def _describe(child: ChildRun) -> str:
     if child.cause == Cause.RESTART:
         return f"process {child.pid} checkpointed and exited for a restart ({child.reason})"
     return f"process {child.pid} ended: {child.cause} ({child.reason})"
-
-
-# Exit statuses of a process ended by a SIGTERM or a SIGINT (as Popen and a shell give them).
-_SENT_FROM_OUTSIDE = {-signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT,
-                      128 + signal.SIGINT}
-
-
-def _repeated(children: Sequence[ChildRun]) -> str | None:
-    """A stop reason when the last two processes failed the same way at the same place."""
-    if len(children) < 2:
-        return None
-    a, b = children[-2], children[-1]
-    same = (a.cause, a.exit_code, a.ended_at) == (b.cause, b.exit_code, b.ended_at)
-    if not same or b.progressed:
-        return None
-    if b.cause == Cause.KILLED and b.exit_code in _SENT_FROM_OUTSIDE:
-        # a SIGTERM or SIGINT someone sent the training: not a failure that repeats by
-        # itself (a stranger's two SIGTERMs during the start-up were called one "it will
-        # not go away by restarting"); --max-restarts still bounds them
-        return None
-    if b.cause == Cause.RESTART and b.reason == "max-rss":
-        return (f"two restarts for --max-rss in a row made no progress past "
-                f"{where(*b.ended_at)}: the training needs more memory than --max-rss to take "
-                f"a step; raise --max-rss or lower the batch size")
-    return (f"{b.cause} ({b.reason}) twice in a row at {where(*b.ended_at)}, with no progress "
-            f"in between: it will not go away by restarting")
 
 
 def _sleep(seconds: float, interrupted: list[int]) -> bool:
