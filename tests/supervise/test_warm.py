@@ -153,6 +153,10 @@ def test_a_script_that_switches_the_backend_is_started_again_cold(tmp_path, monk
     assert "sets KERAS_BACKEND='jax' (the warm parent imported Keras on 'tensorflow')" in err
     assert "Traceback" not in err
     assert "then cold (the script changed a variable" in result.start
+    # exit 76 wrote no checkpoint: not "checkpointed and exited for a restart (start cold)"
+    first = result.children[0].pid
+    assert f"process {first} exited to be started again as a new interpreter;" in err
+    assert f"process {first} checkpointed" not in err
 
 
 def test_a_script_that_sets_the_backend_already_loaded_stays_warm(tmp_path, monkeypatch):

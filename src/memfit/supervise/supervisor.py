@@ -533,6 +533,9 @@ def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> fl
 
 
 def _describe(child: ChildRun) -> str:
+    if child.cause == Cause.RESTART and child.reason == COLD:
+        # exit 76 checkpoints nothing (a stranger read "checkpointed and exited" there)
+        return f"process {child.pid} exited to be started again as a new interpreter"
     if child.cause == Cause.RESTART:
         return f"process {child.pid} checkpointed and exited for a restart ({child.reason})"
     return f"process {child.pid} ended: {child.cause} ({child.reason})"
