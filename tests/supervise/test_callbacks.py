@@ -341,6 +341,28 @@ def test_an_initial_epoch_other_than_the_sessions_is_refused(tmp_path):
         _model().fit(x, y, epochs=3, initial_epoch=s.epoch, callbacks=[s.callback], verbose=0)
 
 
+def test_a_run_with_nothing_left_to_train_says_so_instead_of_resuming(tmp_path, capsys):
+    """A stranger's second `memfit watch` of a session script (watch gives the script its
+    workdir) printed "resuming from ..." and trained nothing: its run had finished."""
+    x, y = np.zeros((8, 4), "float32"), np.ones((8, 1), "float32")
+
+    def fit(workdir: str, epochs: int, *extra: keras.callbacks.Callback) -> str:
+        with memfit.session(tmp_path / workdir, seed=1) as s:
+            _model().fit(x, y, epochs=epochs, callbacks=[s.callback, *extra], verbose=0)
+        return capsys.readouterr().err
+
+    fit("done", 2)
+    again = fit("done", 2)
+    assert "memfit: the run in" in again and "already finished its 2 epochs" in again
+    assert "nothing is left to train" in again and "resuming" not in again
+    assert "memfit: resuming from" in fit("done", 3)     # more epochs asked: it goes on
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
+    fit("stopped", 5, stop)
+    again = fit("stopped", 5, stop)
+    assert "was stopped by a callback after epoch 2" in again
+    assert "nothing is left to train" in again
+
+
 def test_a_resume_on_another_backend_is_said_to_be_inexact(tmp_path, monkeypatch, capsys):
     """A stranger's JAX run, resumed on TensorFlow, went on without a word and ended on
     weights that matched neither backend's uninterrupted run."""

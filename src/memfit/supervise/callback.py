@@ -273,11 +273,26 @@ class SessionCallback(keras.callbacks.Callback):
         s.log.write(Event.RESUME, epoch=epoch, step=step, fresh=ckpt is None, seed=s.seed,
                     **sample().as_record())
         if s.verbose and ckpt is not None:
-            print(f"memfit: resuming from {ckpt.path.name} at {where(epoch, step)} "
-                  f"(seed {s.seed})", file=sys.stderr)
+            print(self._resuming(ckpt, epoch, step), file=sys.stderr)
         self._check_data()
         if s.preempted:                 # nothing trained since that checkpoint
             self._exit(s.pending_restart() or "preempted")
+
+    def _resuming(self, ckpt: Checkpoint, epoch: int, step: int) -> str:
+        """The line a resume prints; where nothing is left to train, that instead (a
+        stranger's second ``memfit watch`` of a script "resumed" its finished run and
+        trained nothing, in silence)."""
+        epochs = int(self.params.get("epochs") or 0) if self.params else 0
+        stopped = ckpt.contents.stopped and not step
+        if not stopped and not (epochs and epoch >= epochs and not step):
+            return f"memfit: resuming from {ckpt.path.name} at {where(epoch, step)} " \
+                   f"(seed {self.session.seed})"
+        done = (f"was stopped by a callback after epoch {epoch}" if stopped
+                else f"already finished its {epoch} epochs")
+        return (f"memfit: the run in {self.session.workdir.path} {done} ({ckpt.path.name}): "
+                f"nothing is left to train. To train again from the start, give another "
+                f"workdir (--workdir, or memfit.session(workdir=...)) or delete "
+                f"{self.session.store.directory}.")
 
     def _check_data(self) -> None:
         """Warns, once, where fit reads a ``tf.data`` pipeline of the user's that
