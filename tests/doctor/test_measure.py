@@ -25,6 +25,26 @@ def test_resident_arrays_counts_owners_once_and_names_them(tmp_path):
     assert view.base is held and mapped.shape == (3 * MiB,)
 
 
+MODULE_LISTS = """
+import numpy as np
+from memfit.doctor.arrays import resident_arrays
+A = B = C = D = E = F = G = H = I = J = 1             # a module with many globals
+KEPT = [np.ones((64, 1024), "float32") for _ in range(10)]    # short: 10 x 256 KiB
+HIST = [np.ones((100, 100)) for _ in range(40)]               # 40 x 80 KB
+for a in resident_arrays(min_bytes=2**20):
+    print(a.names, a.container, a.nbytes)
+"""
+
+
+def test_module_level_lists_of_arrays_are_named_not_their_module(tmp_path):
+    """A stranger's module-level list of arrays was "unnamed: a dict of 16 dicts/lists":
+    the script's globals claimed its arrays."""
+    out = _python(MODULE_LISTS, {}, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "('HIST',) list of 40 arrays 3200000", "('KEPT',) list of 10 arrays 2621440"]
+
+
 def test_fit_arrays_reads_nested_arguments():
     x = {"image": np.zeros((10, 8), np.float32), "meta": np.zeros((10, 2), np.float32)}
     y = np.zeros((10, 1), np.float32)

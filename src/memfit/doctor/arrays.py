@@ -246,9 +246,17 @@ def _containers(objects: list[Any], taken: set[int], min_bytes: int,
     """Lists, dicts and tuples holding many small arrays (an element, or an element's
     element: a list of ``(x, y)`` tuples), each array counted once, largest first."""
     ndarray = _numpy().ndarray
+    # Modules' namespaces hold a script's variables, not its data: the lists in them are
+    # the containers (a stranger's module-level list of arrays was reported as "unnamed:
+    # a dict of 16 dicts/lists", its module's globals). A list a variable names counts
+    # however short it is.
+    namespaces = {id(vars(m)) for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    named = {id(v) for scope in _scopes() for n, v in list(scope.items())
+             if isinstance(v, list | dict) and not n.startswith("_")}
     candidates = []
     for obj in objects:
-        if not isinstance(obj, list | dict) or len(obj) < 16:
+        if not isinstance(obj, list | dict) or id(obj) in namespaces or \
+                (len(obj) < 16 and id(obj) not in named):
             continue
         items = obj.values() if isinstance(obj, dict) else obj
         arrays: dict[int, Any] = {}
@@ -277,8 +285,8 @@ def _containers(objects: list[Any], taken: set[int], min_bytes: int,
         taken.update(id(a) for a in mine)
         kind = f"{type(obj).__name__} of {len(obj):,} " + "/".join(sorted(inner))
         dtypes = "/".join(sorted({str(a.dtype) for a in mine}))
-        names = tuple(n for scope in _scopes() for n, v in list(scope.items())
-                      if v is obj and not n.startswith("_"))
+        names = tuple(dict.fromkeys(n for scope in _scopes() for n, v in list(scope.items())
+                                    if v is obj and not n.startswith("_")))
         out.append(ArrayInfo((len(mine),), dtypes, total, False, names[:3], kind))
     return out
 
