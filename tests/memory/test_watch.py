@@ -386,6 +386,49 @@ def test_a_leak_after_the_warm_up_is_a_leak_however_slow_the_warm_up(tmp_path, s
     assert v.headline.startswith("leak: ") and "/min" in v.headline
 
 
+def jax_like(steady: float, leak: float = 0.0) -> list:
+    """A Keras-on-JAX training seen from outside (a stranger's run, its log replayed):
+    file-backed RSS settles with the imports at 5 s, then the first epoch's compile
+    raises anonymous RSS by 100 MiB over 5 s with file-backed RSS flat, then ``steady``
+    seconds flat (plus ``leak`` MiB/s), then 1.5 s of teardown."""
+    from memfit.memory.probe import Sample
+
+    samples, t = [], 0.0
+    while t < 10 + steady + 1.5:
+        file = 140 + 500 * min(t, 5) / 5
+        anon = 50 + 270 * min(t, 5) / 5 + 100 * min(max(t - 5, 0), 5) / 5 \
+            + leak * min(max(t - 10, 0), steady)
+        samples.append(Sample(t=1000.0 + t, pid=1, rss=int((anon + file) * MiB),
+                              rss_anon=int(anon * MiB), rss_file=int(file * MiB)))
+        t += 0.5
+    return samples
+
+
+@pytest.mark.parametrize("event", ["checkpoint", "epoch_end"])
+def test_the_first_epoch_is_the_warm_up_when_the_log_says_where_it_ended(tmp_path, event):
+    """`memfit run` called a stranger's Keras-on-JAX training, flat for its last 5 s,
+    "leak, +548 MiB/min": its file-backed memory settled before the first step's compile,
+    so the compile was taken for steady growth. The session's checkpoint (or the
+    monitor's epoch_end) at the first epoch's end bounds the warm-up."""
+    from memfit.memory.log import MemoryLog
+    from memfit.memory.watch import judge
+
+    def verdict(samples, logged: bool):
+        log = tmp_path / f"{logged}-{len(samples)}.jsonl"
+        with MemoryLog(log, source="test") as w:
+            if logged:
+                w.write(event, pid=1, t=1010.0, epoch=1, step=0, reason="epoch")
+        return judge(samples, log, since=0, duration=samples[-1].t - samples[0].t)
+
+    short = jax_like(steady=3)
+    assert verdict(short, logged=False).verdict.kind == "leak"     # as before: the defect
+    v = verdict(short, logged=True)
+    assert v.verdict.kind == "too-short" and v.verdict.had < MIN_STEADY, v.headline
+    assert verdict(jax_like(steady=12), logged=True).headline.startswith("level: ")
+    grows = verdict(jax_like(steady=12, leak=5), logged=True)
+    assert grows.verdict.kind == "leak", grows.headline
+
+
 def test_a_level_whose_high_phase_grows_longer_is_not_a_leak(tmp_path):
     """CI, with a second process busy, called the seed story "leak, +765 MiB/min": each
     epoch builds a list of its data and a stacked copy (up to +140 MiB) and frees both,

@@ -268,6 +268,19 @@ def _settled(samples: Sequence[Sample], end: int) -> int:
     return next(i for i, s in enumerate(samples[:end]) if s.rss_file >= floor)
 
 
+def _first_epoch_end(log_path: Path, since: float) -> float | None:
+    """When the run's first epoch ended (an ``epoch_end``, or a session's checkpoint at an
+    epoch's start), from the events written since ``since``; ``None`` before any."""
+    for record in read_log(log_path):
+        if record["t"] < since:
+            continue
+        event = record["event"]
+        if event == Event.EPOCH_END or (event == Event.CHECKPOINT and not record.get("step")
+                                        and record.get("epoch")):
+            return float(record["t"])
+    return None
+
+
 def _epoch_values(log_path: Path, since: float) -> list[float]:
     """Anonymous (else total) RSS of the ``epoch_end`` events written since ``since``."""
     values = []
@@ -520,7 +533,8 @@ def judge(samples: Sequence[Sample], log_path: str | os.PathLike, since: float,
         basis, verdict = "epochs", classify(epochs, warmup_epochs=1)
         level = int(epochs[-1])
     else:
-        basis, (verdict, level, steady) = "time slices", _judge_steady(samples)
+        basis, (verdict, level, steady) = "time slices", _judge_steady(
+            samples, _first_epoch_end(Path(log_path), since))
     return OutsideVerdict(verdict=verdict, basis=basis, level=level,
                           headline=_headline(verdict, basis, steady, level),
                           fix=_fix(verdict, basis, command),
@@ -528,13 +542,20 @@ def judge(samples: Sequence[Sample], log_path: str | os.PathLike, since: float,
                           steady=steady)
 
 
-def _judge_steady(samples: Sequence[Sample]) -> tuple[Verdict, int | None, float]:
+def _judge_steady(samples: Sequence[Sample],
+                  warmed: float | None = None) -> tuple[Verdict, int | None, float]:
     """The verdict on the steady time of a run seen from outside, the level held at its
     end, and the seconds of steady time: ``too-short`` when there is less than
     :data:`MIN_STEADY` seconds of it, or samples in fewer than ``MIN_VALUES + 1`` of its
-    time slices."""
+    time slices. ``warmed``: when its first epoch ended, if the log says; the steady time
+    starts no earlier (the first epoch is the warm-up, as when judged by epochs: JAX's
+    file-backed memory settles before its first step's compile, and a stranger's run,
+    flat for its last 5 s, was called a leak of +548 MiB/min from that compile)."""
     end = _before_teardown(samples)
     first = _settled(samples, end)
+    if warmed is not None:
+        first = max(first, next((i for i, s in enumerate(samples) if s.t >= warmed),
+                                len(samples)))
     steady = samples[first:end]
     had = steady[-1].t - steady[0].t if steady else 0.0
     growth = steady[-1].anon_or_total - steady[0].anon_or_total if steady else 0
