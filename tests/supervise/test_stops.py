@@ -6,20 +6,24 @@ run took 11 one-step processes before ``--max-restarts`` stopped it, with no hin
 
 from __future__ import annotations
 
+import signal
 import sys
 
+import pytest
+
 import memfit
-from memfit.memory.probe import Sample
+from memfit.memory.probe import Sample, oom_kills
 from memfit.supervise.run_results import Cause, ChildRun
 from memfit.supervise.stops import STALLED_AFTER, memory_stall, repeated, tally
 
 MIB = 2**20
 
 
-def _child(resumed, ended, cause=Cause.RESTART, reason="max-rss", mib=700):
+def _child(resumed, ended, cause=Cause.RESTART, reason="max-rss", mib=700, code=75,
+           oom=None):
     peak = Sample(t=0.0, pid=1, rss=mib * MIB, rss_anon=mib * MIB, rss_file=0)
-    return ChildRun(pid=1, exit_code=75, cause=cause, reason=reason, started=0.0, ended=1.0,
-                    peak=peak, resumed_at=resumed, ended_at=ended)
+    return ChildRun(pid=1, exit_code=code, cause=cause, reason=reason, started=0.0, ended=1.0,
+                    peak=peak, resumed_at=resumed, ended_at=ended, oom_killed=oom)
 
 
 def _steps(n, start=0, **kw):
@@ -54,6 +58,18 @@ def test_the_same_failure_twice_with_no_progress_is_said_once():
     assert repeated(same[:1]) is None
     assert "two restarts for --max-rss in a row made no progress" in \
         repeated([_child((0, 4), (0, 4))] * 2)
+
+
+def test_sigkills_the_oom_killer_did_not_send_are_not_a_loop():
+    """On JAX a process recompiles for seconds before its first checkpoint, so random
+    SIGKILLs landed twice in a row with no progress between and were called a loop."""
+    def killed(oom):
+        return _child((0, 0), (0, 0), cause=Cause.KILLED, reason="SIGKILL", code=137, oom=oom)
+
+    assert repeated([killed(False), killed(False)]) is None
+    assert "twice in a row" in repeated([killed(True), killed(True)])
+    assert "twice in a row" in repeated([killed(None), killed(None)])   # the kernel is silent
+    assert "twice in a row" in repeated([killed(False), killed(True)])
 
 
 def test_the_tally_counts_why_and_names_the_fix_when_memory_led():
@@ -100,3 +116,31 @@ def test_a_run_whose_processes_each_reach_max_rss_at_once_stops_with_the_fix(tmp
     assert f"{STALLED_AFTER} processes in a row reached --max-rss 80.0 MiB" in \
         result.stop_reason
     assert "Raise --max-rss above" in result.stop_reason
+
+
+KILLED_TWICE = """
+import os, pathlib, signal, sys
+n = pathlib.Path(sys.argv[1])
+runs = int(n.read_text()) + 1 if n.exists() else 1
+n.write_text(str(runs))
+if runs <= 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_two_sigkills_in_a_row_not_sent_by_the_oom_killer_are_restarted(tmp_path):
+    if oom_kills() is None:
+        pytest.skip("this kernel does not count OOM kills (/proc/vmstat oom_kill)")
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_TWICE)
+    before = oom_kills()
+    result = memfit.run([sys.executable, str(script), str(tmp_path / "n")],
+                        workdir=tmp_path / "wd", backoff=0.0, start="cold", out=False)
+    if oom_kills() != before:
+        pytest.skip("the OOM killer killed something on this machine meanwhile")
+    assert result.finished, result.stop_reason
+    assert [c.cause for c in result.children] == ["killed", "killed", "finished"]
+    assert [c.oom_killed for c in result.children[:2]] == [False, False]
+    assert all(c.exit_code == 128 + signal.SIGKILL for c in result.children[:2])
+    assert result.children[0].reason == \
+        "SIGKILL, not by the OOM killer: the kernel counted none meanwhile"

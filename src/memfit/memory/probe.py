@@ -35,7 +35,7 @@ from memfit.sizes import format_size
 
 __all__ = ["Sample", "Measurement", "sample", "measure", "peak_of", "python_heap", "tf_gpu_memory",
            "jax_device_memory", "device_stats", "nvml_memory", "extended_record",
-           "shares_memory"]
+           "shares_memory", "oom_kills"]
 
 _STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file",
                   "RssShmem": "rss_shmem", "VmHWM": "rss_peak"}
@@ -163,6 +163,27 @@ def system_memory() -> tuple[int, int]:
     processes can get without swapping, as the kernel estimates it)."""
     info = psutil.virtual_memory()
     return int(info.total), int(info.available)
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot, on this machine
+    and in every cgroup (``oom_kill`` of ``/proc/vmstat``); ``None`` where it does not say
+    (not Linux, or a kernel before 4.13). Unchanged across a process's SIGKILL: someone
+    else sent it.
+
+    Example:
+        >>> before = oom_kills()
+        >>> before is None or before >= 0
+        True
+    """
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def descendants(pid: int, *, below: int = 0) -> list[int]:

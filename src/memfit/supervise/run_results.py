@@ -69,6 +69,9 @@ class ChildRun:
         start: ``"warm"`` (forked from the warm parent) or ``"cold"`` (a new interpreter).
         exit_known: ``False`` when its exit status was lost with a warm parent that was
             killed (``exit_code`` is then 128 + SIGKILL, a stand-in, shown as ``?``).
+        oom_killed: for a process killed by SIGKILL, whether the kernel counted an OOM
+            kill while it ran (:func:`memfit.memory.probe.oom_kills`); ``None`` where
+            the kernel does not say, or for another end.
     """
 
     pid: int
@@ -82,6 +85,7 @@ class ChildRun:
     ended_at: tuple[int, int]
     start: str = "cold"
     exit_known: bool = True
+    oom_killed: bool | None = None
 
     @property
     def progressed(self) -> bool:

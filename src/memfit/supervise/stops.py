@@ -53,10 +53,13 @@ def repeated(children: Sequence[ChildRun]) -> str | None:
     same = (a.cause, a.exit_code, a.ended_at) == (b.cause, b.exit_code, b.ended_at)
     if not same or b.progressed:
         return None
-    if b.cause == Cause.KILLED and b.exit_code in _SENT_FROM_OUTSIDE:
-        # a SIGTERM or SIGINT someone sent the training: not a failure that repeats by
-        # itself (a stranger's two SIGTERMs during the start-up were called one "it will
-        # not go away by restarting"); --max-restarts still bounds them
+    if b.cause == Cause.KILLED and (b.exit_code in _SENT_FROM_OUTSIDE or
+                                    (a.oom_killed is False and b.oom_killed is False)):
+        # a SIGTERM or SIGINT someone sent the training, or SIGKILLs the kernel's OOM
+        # killer did not send: not a failure that repeats by itself (a stranger's two
+        # SIGTERMs during the start-up were called one "it will not go away by
+        # restarting", and on JAX, random SIGKILLs landing twice in the recompile before
+        # the first checkpoint); --max-restarts still bounds them
         return None
     if b.cause == Cause.RESTART and b.reason == "max-rss":
         return (f"two restarts for --max-rss in a row made no progress past "

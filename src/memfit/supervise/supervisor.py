@@ -47,6 +47,7 @@ from memfit import checks, exitcodes
 from memfit.env import MAX_RSS_ENV, RESTART_EVERY_ENV, SUPERVISOR_ENV, WORKDIR_ENV
 from memfit.memory.classifier import TOO_SHORT
 from memfit.memory.log import Event, MemoryLog, check_log, read_log
+from memfit.memory.probe import oom_kills
 from memfit.memory.process import check_command, exit_code, forward_signals, kill_tree, start, ticks
 from memfit.memory.sampler import EvenSamples, TreeSampler
 from memfit.memory.warm import WarmChild, WarmParent, WarmStartError
@@ -395,6 +396,7 @@ class _Supervisor:
         ``stop_grace`` after a signal."""
         lim = self.limits
         started = time.time()
+        ooms = oom_kills()
         sampler = TreeSampler(proc.pid, log=self.log, samples=self.samples)
         requested: float | None = None
         killed: str | None = None
@@ -420,12 +422,16 @@ class _Supervisor:
                 killed = self._kill(proc, "unresponsive", grace=lim.grace)
         ended = time.time()
         ckpt = _latest(self.store)
-        cause, reason = self._cause(proc, killed, ckpt, started)
+        after = oom_kills()
+        oom = None if ooms is None or after is None or proc.returncode != -signal.SIGKILL \
+            else after > ooms
+        cause, reason = self._cause(proc, killed, ckpt, started, oom)
         return ChildRun(pid=proc.pid, exit_code=exit_code(proc.returncode), cause=cause,
                         reason=reason, started=started, ended=ended, peak=sampler.peak,
                         resumed_at=resumed_at, ended_at=ckpt.position if ckpt else (0, 0),
                         start=self.started_as,
-                        exit_known=not (isinstance(proc, WarmChild) and proc.lost))
+                        exit_known=not (isinstance(proc, WarmChild) and proc.lost),
+                        oom_killed=oom if killed is None else None)
 
     def _kill(self, proc: subprocess.Popen | WarmChild, reason: str, **fields: Any) -> str:
         self.log.write(Event.KILL, pid=proc.pid, reason=reason, **fields)
@@ -433,7 +439,8 @@ class _Supervisor:
         return reason
 
     def _cause(self, proc: subprocess.Popen | WarmChild, killed: str | None,
-               ckpt: Checkpoint | None, started: float) -> tuple[Cause, str]:
+               ckpt: Checkpoint | None, started: float,
+               oom: bool | None = None) -> tuple[Cause, str]:
         """Why a child ended (:attr:`ChildRun.cause`) and the details. The reason of a
         restart is the one its checkpoint, written since it started, records."""
         code = exit_code(proc.returncode)
@@ -472,8 +479,11 @@ class _Supervisor:
         if code == exitcodes.DATA_ERROR:
             return Cause.DATA, "exit 65"
         if proc.returncode < 0:
+            said = {None: " (the OOM killer?)", True: ", by the OOM killer: the kernel "
+                    "counted an out-of-memory kill meanwhile", False: ", not by the OOM "
+                    "killer: the kernel counted none meanwhile"}[oom]
             return Cause.KILLED, exitcodes.signal_name(-proc.returncode) + (
-                " (the OOM killer?)" if proc.returncode == -signal.SIGKILL else "")
+                said if proc.returncode == -signal.SIGKILL else "")
         return Cause.CRASH, f"exit code {code}"
 
     def result(self, since: float, stop_reason: str | None) -> RunResult:
