@@ -379,3 +379,32 @@ def test_a_doctors_workdir_shows_its_findings_and_no_fix_that_says_to_run_it(tmp
     page = (tmp_path / "report.html").read_text()
     assert "measures what holds it" not in page and "See memfit doctor&#x27;s findings" in page
     assert "allocator-retention (about 230.0 MiB at stake)" in page
+
+
+def test_marks_too_close_for_their_own_label_share_the_one_before(tmp_path, monkeypatch):
+    """A stranger's share report: jobs ending within a second of each other in a
+    minute-long run drew their rotated labels over each other. Each mark keeps its line;
+    a label names how many follow too close for their own."""
+    import matplotlib.axes
+
+    texts = []
+    real = matplotlib.axes.Axes.text
+
+    def spy(self, x, y, s, *args, **kwargs):
+        texts.append(s)
+        return real(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", spy)
+    path = tmp_path / "share.jsonl"
+    with MemoryLog(path, source="share", header=False) as log:
+        start(log, 1, source="share", command="memfit share jobs.toml")
+        for pid in (101, 102, 103, 104):
+            for i in range(60):
+                log.write("sample", pid=pid, t=T0 + i, scope="tree", rss=200 * MiB,
+                          rss_anon=100 * MiB, rss_file=100 * MiB)
+        for n, at in enumerate((20.0, 55.0, 55.7, 56.4)):   # > 1 % apart, < 3 %
+            log.write("exit", pid=101 + n % 4, t=T0 + at, code=0, reason="finished")
+    timeline(load(path), tmp_path / "share.png")
+    marks = [t for t in texts if t.startswith("exit")]
+    assert len(marks) == 2, texts
+    assert "more just after" not in marks[0] and "(+2 more just after)" in marks[1]

@@ -38,6 +38,7 @@ _DEVICE_COLORS = ("#ff7f0e", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564
 _MARK_COLORS = {Event.RESTART: "#d62728", Event.STOP: "#9467bd", Event.EXIT: "#444444"}
 _MAX_PIDS_IN_LEGEND = 8
 _MAX_EPOCH_MARKS = 30
+_LABEL_GAP = 0.03             # a rotated two-line label, as a share of the width
 # the limit drawn, and its name on the plot (memfit run's --max-rss is a restart threshold)
 _BUDGET_KEYS = {"max_rss": "--max-rss (restart at)", "memory_budget": "memory budget",
                 "budget": "budget"}
@@ -169,21 +170,42 @@ def _marks(data: RunData, axes, t0: float, scale: float) -> None:
         for n, record in enumerate(epochs[every - 1::every]):
             ax.axvline((record["t"] - t0) / scale, color="0.6", lw=0.6, ls=(0, (2, 2)),
                        zorder=0, label=label if n == 0 and i == 0 else None)
+        labelled = _labelled(groups, data.duration)
         for group in groups:
             x = (group[0]["t"] - t0) / scale
             events = {r["event"] for r in group}
             color = _MARK_COLORS[next(e for e in _MARK_COLORS if e in events)]
             ax.axvline(x, color=color, lw=1.4, alpha=0.85, zorder=1)
-            if i == 0:                      # events on one line, the first reason below
+            nearby = labelled.get(id(group))
+            if i == 0 and nearby is not None:   # events on one line, the first reason below
                 text = " · ".join(dict.fromkeys(event_label(r, reason=False) for r in group))
                 reason = next((_reason(r) for r in group if _reason(r)), "")
                 if reason:
                     text += "\n" + (reason if len(reason) <= 44 else reason[:43] + "…")
+                if nearby:
+                    text += f"\n(+{nearby} more just after)"
                 ax.text(x, 0.98, text + " ", rotation=90, ha="right", va="top", fontsize=8,
                         color=color, transform=blended_transform_factory(ax.transData,
                                                                            ax.transAxes),
                         bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7,
                               "pad": 1})
+
+
+def _labelled(groups: list[list[dict]], duration: float) -> dict[int, int]:
+    """Which groups of marks get a label, by ``id``, with how many unlabelled groups follow
+    each too close to have their own: a label is about :data:`_LABEL_GAP` of the width
+    wide, and the exits of jobs that end together overlapped into one smudge (a
+    stranger's share report)."""
+    out: dict[int, int] = {}
+    last: list[dict] | None = None
+    for group in groups:
+        if last is not None and group[0]["t"] - last[0]["t"] < _LABEL_GAP * max(duration,
+                                                                                 1e-9):
+            out[id(last)] += 1
+            continue
+        out[id(group)] = 0
+        last = group
+    return out
 
 
 def _size_axis(ax, max_bytes: float) -> int:
