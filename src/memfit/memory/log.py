@@ -71,6 +71,7 @@ class Event(StrEnum):
     WARM = "warm"                   # memfit run's warm parent imported the frameworks
     CHECKPOINT = "checkpoint"       # ``epoch``, ``step``, ``seconds``
     RESUME = "resume"               # ``epoch``, ``step``
+    FIRST_STEP = "first_step"       # a training process's first step ended (its compile)
     SESSION = "session"             # a memfit.session() began (``seed``, ``epoch``, ``step``)
     EXIT = "exit"                   # a process ended (``code``)
     STOP = "stop"                   # a supervisor stopped for good (``reason``)

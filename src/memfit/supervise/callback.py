@@ -109,6 +109,7 @@ class SessionCallback(keras.callbacks.Callback):
         self._restore_metrics: list[np.ndarray] | None = None
         self._restored = False
         self._in_fit = False
+        self._stepped = False           # this process's first step logged (first_step)
         self._train_metrics: list[np.ndarray] | None = None
         self._sigterm = SigtermGuard(session.preempt)
         # fit's callback list (fit_hooks), the checkpoint this fit resumes from, the
@@ -408,6 +409,11 @@ class SessionCallback(keras.callbacks.Callback):
             return          # a skipped step: nothing new to save
         epoch = self._position[0]
         self._position = (epoch, batch + 1)
+        if not self._stepped:
+            # the end of the start-up a restart pays: the step's trace and compile too
+            # (JAX recompiles 3-4 s in each new process, after the resume event)
+            self._stepped = True
+            self.session.log.write(Event.FIRST_STEP, epoch=epoch, step=batch + 1)
         if id(self._list) not in self._hooked:
             self.after_train_batch_end(batch)
 

@@ -104,7 +104,7 @@ class RunResult:
         epoch: epochs completed (from the newest checkpoint).
         duration: seconds from the first start to the end.
         lost: seconds lost to restarts: work done after a process's last checkpoint,
-            plus the time from each exit to the next process resuming training.
+            plus the time from each exit to the end of the next process's first step.
         log_path: the shared log.
         command: the command run.
         memory: the last process's memory, judged from outside as ``memfit watch``
@@ -172,8 +172,8 @@ class RunResult:
             lines.append(f"  {i:>2}  {c.pid:>7}  {code:>4}  {_at(c.resumed_at):>9}  "
                          f"{_at(c.ended_at):>9}  {peak:>10}  {c.ended - c.started:6.1f}s  "
                          f"{ended_by}")
-        lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load and "
-                     f"work after the last checkpoint)")
+        lines.append(f"  time lost to restarts: {self.lost:.1f} s (start-up, model load, "
+                     f"first step's compile and work after the last checkpoint)")
         if self.start and restarts:
             lines.append(f"  processes started {self.start}")
         if self.memory is not None:

@@ -523,9 +523,11 @@ def _checkpointed(log_path: Path, since: float) -> bool:
 
 def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> float:
     """Work after each restarted child's last checkpoint, plus each gap from an exit to
-    the next child resuming training (its ``resume`` event)."""
+    the end of the next child's first step (its ``first_step`` event: the step's trace
+    or compile is start-up too), else to its ``resume``."""
     checkpoints: dict[int, list[float]] = collections.defaultdict(list)
     resumes: dict[int, float] = {}
+    stepped: dict[int, float] = {}
     for record in read_log(log_path):
         if record["t"] < since:
             continue
@@ -533,12 +535,15 @@ def _lost_time(log_path: Path, since: float, children: Sequence[ChildRun]) -> fl
             checkpoints[record["pid"]].append(record["t"])
         elif record["event"] == Event.RESUME:
             resumes.setdefault(record["pid"], record["t"])
+        elif record["event"] == Event.FIRST_STEP:
+            stepped.setdefault(record["pid"], record["t"])
     lost = 0.0
     for child, following in zip(children, children[1:], strict=False):
         last = max((t for t in checkpoints[child.pid] if t <= child.ended),
                    default=resumes.get(child.pid, child.started))
         lost += max(0.0, child.ended - last)
-        lost += max(0.0, resumes.get(following.pid, following.ended) - child.ended)
+        began = stepped.get(following.pid, resumes.get(following.pid, following.ended))
+        lost += max(0.0, began - child.ended)
     return lost
 
 
