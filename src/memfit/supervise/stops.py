@@ -7,6 +7,7 @@ not cure, judged from the processes run so far (:class:`~memfit.supervise.run_re
   past where they resumed: the training needs about ``--max-rss`` to start and take a
   step, so each process restarts as soon as it has begun (a stranger's run took 11
   one-step processes before ``--max-restarts`` stopped it, with no hint why).
+- :func:`tally`: the restarts counted by cause, for the stop at ``--max-restarts``.
 
 Example:
     >>> from memfit.supervise.run_results import Cause, ChildRun
